@@ -1,0 +1,134 @@
+"""The one benchmark harness every ``bench_<family>.py`` uses.
+
+* Inputs are rotated through enough copies that each call finds its operands cold in L2.
+* Each call is timed with CUDA events; the statistic is the median.
+* The same run measures the ceilings (device copy bandwidth, bf16 matmul rate) and times the
+  peers that import (torch eager, torch.compile, quack, ...), so ratios compare like with like.
+* Results merge into ``benchmarks/results/<gpu>.json`` (one row per family/op/shape/dtype).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+ROOT = Path(__file__).resolve().parent
+RESULTS = ROOT / "results"
+L2_BYTES = 50 * 2**20  # H100 / H200
+
+
+def gpu_kind() -> str:
+    name = torch.cuda.get_device_name().lower()
+    for kind in ("h200", "h100", "b200", "a100"):
+        if kind in name:
+            return kind
+    return name.replace(" ", "_")
+
+
+def make_input_sets(make: Callable[[], tuple], bytes_per_set: int, min_sets: int = 2) -> list:
+    """Enough independent input sets that cycling through them keeps L2 cold (>= 3x L2)."""
+    count = max(min_sets, -(-3 * L2_BYTES // max(bytes_per_set, 1)))
+    return [make() for _ in range(min(count, 64))]
+
+
+def bench(fn: Callable, input_sets: Sequence[tuple], warmup: int = 5, reps: int = 30) -> float:
+    """Median milliseconds of ``fn(*inputs)`` over ``reps`` calls, rotating the input sets."""
+    for i in range(warmup):
+        fn(*input_sets[i % len(input_sets)])
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        inputs = input_sets[i % len(input_sets)]
+        starts[i].record()
+        fn(*inputs)
+        ends[i].record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+def gbps(nbytes: int, ms: float) -> float:
+    return nbytes / ms / 1e6
+
+
+def tflops(flops: float, ms: float) -> float:
+    return flops / ms / 1e9
+
+
+def ceilings() -> dict:
+    """Device copy bandwidth (read + write) and bf16 matmul rate, measured now."""
+    n = 1 << 28  # 512 MiB of bf16
+    src = [torch.empty(n, dtype=torch.bfloat16, device="cuda").normal_()]
+    dst = torch.empty_like(src[0])
+    ms = bench(lambda s: dst.copy_(s), [(src[0],)], reps=20)
+    copy = gbps(2 * n * 2, ms)
+    del src, dst
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    ms = bench(torch.matmul, [(a, b)], reps=20)
+    return {"copy_GBps": round(copy, 1), "bf16_mm_TFLOPs": round(tflops(2 * 8192**3, ms), 1)}
+
+
+def try_import(name: str):
+    try:
+        return __import__(name, fromlist=["_"])
+    except Exception as exc:  # a peer that does not import is simply not measured
+        print(f"[peer {name} unavailable: {type(exc).__name__}: {exc}]", file=sys.stderr)
+        return None
+
+
+def versions() -> dict:
+    import cutlass
+
+    return {"dsl": cutlass.__version__, "torch": torch.__version__}
+
+
+class Results:
+    """Rows of one GPU kind's results file, merged by (family, op, shape, dtype)."""
+
+    def __init__(self, path: Path | None = None):
+        self.path = path or RESULTS / f"{gpu_kind()}.json"
+        self.data = json.loads(self.path.read_text()) if self.path.exists() else {"rows": []}
+
+    def start(self, ceil: dict) -> None:
+        self.data.update(
+            device=torch.cuda.get_device_name(),
+            date=datetime.date.today().isoformat(),
+            ceilings=ceil,
+            **versions(),
+        )
+
+    def add(self, family, op, shape, dtype, metric, ours, peers: dict, **extra) -> dict:
+        row = {
+            "family": family,
+            "op": op,
+            "shape": "x".join(str(d) for d in shape),
+            "dtype": str(dtype).removeprefix("torch."),
+            "metric": metric,
+            "ours": round(ours, 1),
+            "peers": {k: round(v, 1) for k, v in peers.items() if v is not None},
+            **extra,
+        }
+        key = (row["family"], row["op"], row["shape"], row["dtype"])
+        rows = [r for r in self.data["rows"] if (r["family"], r["op"], r["shape"], r["dtype"]) != key]
+        self.data["rows"] = rows + [row]
+        ratios = "  ".join(f"{k} {v:.1f} ({row['ours'] / v:.2f}x)" for k, v in row["peers"].items() if v)
+        print(f"{op:22s} {row['shape']:>14s} {row['dtype']:9s} ours {row['ours']:8.1f} {metric}  {ratios}")
+        return row
+
+    def set_section(self, name: str, value) -> None:
+        self.data[name] = value
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(self.data, indent=1) + "\n")
+        out = os.environ.get("OUT")
+        if out:
+            Path(out, self.path.name).write_text(self.path.read_text())

@@ -1,0 +1,110 @@
+"""Rebuild BENCHMARKS.md's tables and the plots from benchmarks/results/*.json.
+
+    python benchmarks/report.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+MARK_BEGIN = "<!-- results:begin -->"
+MARK_END = "<!-- results:end -->"
+
+
+def load() -> dict:
+    return {p.stem: json.loads(p.read_text()) for p in sorted((ROOT / "results").glob("*.json"))}
+
+
+def table(rows: list) -> str:
+    peers = sorted({k for r in rows for k in r["peers"]})
+    head = ["op", "shape", "dtype", "ours"] + peers + [f"ours/{p}" for p in peers]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        values = [r["op"], r["shape"], r["dtype"], f"{r['ours']:.0f} {r['metric']}"]
+        values += [f"{r['peers'][p]:.0f}" if p in r["peers"] else "" for p in peers]
+        values += [f"{r['ours'] / r['peers'][p]:.2f}x" if p in r["peers"] else "" for p in peers]
+        lines.append("| " + " | ".join(values) + " |")
+    return "\n".join(lines)
+
+
+def markdown(results: dict) -> str:
+    out = []
+    for gpu, data in results.items():
+        ceil = data.get("ceilings", {})
+        out.append(f"### {data.get('device', gpu)} ({data.get('date', '?')}; DSL {data.get('dsl', '?')}, "
+                   f"torch {data.get('torch', '?')})")
+        out.append(f"Ceilings measured in the same run: copy {ceil.get('copy_GBps', '?')} GB/s, "
+                   f"bf16 matmul {ceil.get('bf16_mm_TFLOPs', '?')} TFLOP/s.")
+        families = []
+        for r in data["rows"]:
+            if r["family"] not in families:
+                families.append(r["family"])
+        for family in families:
+            out.append(f"\n#### {family}\n")
+            out.append(table([r for r in data["rows"] if r["family"] == family]))
+        runtime = data.get("runtime")
+        if runtime:
+            d, f = runtime["dispatch_us"], runtime["first_call_s"]
+            out.append("\n#### runtime\n")
+            out.append(f"Host time per call, {d['shape']} {d['dtype']} softmax: ours {d['ours']} us, "
+                       f"torch.softmax {d['torch']} us ({d['ratio']}x). First call in a new process: "
+                       f"{f['warm_cache']} s with the disk cache warm, {f['cold_cache']} s cold (compile).")
+        out.append("")
+    return "\n".join(out)
+
+
+def plot_softmax(results: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for gpu, data in results.items():
+        rows = [r for r in data["rows"] if r["family"] == "softmax"]
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+        for ax, op in zip(axes, ("softmax_fwd", "softmax_bwd")):
+            sweep = sorted(
+                (r for r in rows if r["op"] == op and _elements(r["shape"]) == 1 << 27),
+                key=lambda r: _n(r["shape"]),
+            )
+            if not sweep:
+                continue
+            ns = [_n(r["shape"]) for r in sweep]
+            ax.plot(ns, [r["ours"] for r in sweep], "o-", label="cute-kernels", linewidth=2)
+            for peer in sorted({k for r in sweep for k in r["peers"]}):
+                ax.plot(ns, [r["peers"].get(peer) for r in sweep], ".--", label=peer)
+            ax.axhline(data["ceilings"]["copy_GBps"], color="gray", linestyle=":", label="device copy")
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("N (M = 2^27 / N), bf16")
+            ax.set_title(op)
+            ax.grid(alpha=0.3)
+        axes[0].set_ylabel("GB/s (read + written)")
+        axes[0].legend()
+        fig.suptitle(f"softmax on {data.get('device', gpu)}")
+        fig.tight_layout()
+        (ROOT / "plots").mkdir(exist_ok=True)
+        fig.savefig(ROOT / "plots" / "softmax.png", dpi=110)
+
+
+def _n(shape: str) -> int:
+    return int(shape.split("x")[-1])
+
+
+def _elements(shape: str) -> int:
+    m, n = shape.split("x")
+    return int(m) * int(n)
+
+
+def main():
+    results = load()
+    doc = ROOT.parent / "BENCHMARKS.md"
+    text = doc.read_text()
+    start, end = text.index(MARK_BEGIN) + len(MARK_BEGIN), text.index(MARK_END)
+    doc.write_text(text[:start] + "\n" + markdown(results) + text[end:])
+    plot_softmax(results)
+
+
+if __name__ == "__main__":
+    main()

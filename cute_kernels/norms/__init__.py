@@ -1,0 +1,1 @@
+"""Row-wise kernels: softmax (and, later, norms and losses)."""

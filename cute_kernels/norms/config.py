@@ -1,0 +1,83 @@
+"""Launch shapes for the row-wise kernels (softmax and its relatives).
+
+Pure functions of (row length, vector width, dtypes, direction): they never read tensor data,
+synchronize or allocate.
+
+A row of ``n`` elements is split over ``threads_per_row`` consecutive threads and, for long rows,
+over the ``cluster_n`` CTAs of a cluster; each thread holds its elements in registers, loaded
+and stored ``vec`` elements (up to 16 bytes) at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..runtime.errors import UnsupportedError
+
+CLUSTER_SIZES = (1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True)
+class RowConfig:
+    n: int  # row length (compile-time)
+    vec: int  # elements per vector access
+    threads_per_row: int
+    num_threads: int  # threads per CTA
+    cluster_n: int  # CTAs sharing one row
+
+    @property
+    def rows_per_cta(self) -> int:
+        return self.num_threads // self.threads_per_row
+
+    @property
+    def vecs_per_thread(self) -> int:
+        vectors = self.n // self.vec
+        per_step = self.threads_per_row * self.cluster_n
+        return -(-vectors // per_step)
+
+    @property
+    def elems_per_thread(self) -> int:
+        return self.vecs_per_thread * self.vec
+
+    @property
+    def cols_per_cta(self) -> int:
+        return self.vecs_per_thread * self.vec * self.threads_per_row
+
+    @property
+    def even_n(self) -> bool:
+        """True when the tile covers the row exactly (no column predicates needed)."""
+        return self.cols_per_cta * self.cluster_n == self.n
+
+
+def row_config(n: int, vec: int, widest_itemsize: int, tensors_held: int = 1) -> RowConfig:
+    """Choose the launch shape for rows of ``n`` elements.
+
+    ``tensors_held`` is how many row tensors each thread keeps in registers at once (1 for
+    softmax forward, 2 for backward: y and dy). Short rows share a warp between several rows;
+    rows up to 16K elements (32K for fp32 forward) fit one CTA; longer rows are split over a
+    cluster of up to 16 CTAs. A thread holds at most 128 / ``tensors_held`` elements, which
+    bounds the row length (524288 forward, 262144 backward).
+    """
+    if n < 1:
+        raise UnsupportedError(f"row length must be >= 1, got {n}")
+    one_cta = 16384 // tensors_held
+    # Row length -> threads per row; with two tensors held the steps come sooner so a thread
+    # never holds more than 64 elements of each.
+    steps = (3072, 6144, one_cta) if tensors_held == 1 else (2048, 4096, one_cta)
+    threads_per_row = 256
+    for limit, threads in ((64, 8), (128, 16), (steps[0], 32), (steps[1], 64), (steps[2], 128)):
+        if n <= limit:
+            threads_per_row = threads
+            break
+    num_threads = 128 if n <= one_cta else 256
+    per_cta = 32768 if (widest_itemsize >= 4 and tensors_held == 1) else 16384
+    cluster_n = next((c for c in CLUSTER_SIZES if n <= per_cta * c), CLUSTER_SIZES[-1])
+    config = RowConfig(n, vec, threads_per_row, num_threads, cluster_n)
+    cap = 128 // tensors_held
+    if config.elems_per_thread > cap:
+        longest = cap * num_threads * CLUSTER_SIZES[-1]
+        raise UnsupportedError(
+            f"row length {n} is longer than the {longest} elements this kernel supports "
+            f"(16 CTAs x {num_threads} threads x {cap} elements)"
+        )
+    return config

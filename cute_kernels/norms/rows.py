@@ -1,0 +1,98 @@
+"""Device-side helpers shared by the row-wise kernels: tiling a (M, N) tensor into per-thread
+register fragments, predicated vector loads and stores, and the reduction workspace.
+
+The tiling follows :class:`~cute_kernels.norms.config.RowConfig`: a CTA owns ``rows_per_cta``
+rows and ``cols_per_cta`` columns (one ``cluster_n``-th of each row); thread ``t`` of a row reads
+vectors ``t, t + threads_per_row, ...`` so every warp access is coalesced.
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Boolean, Float32, Int64, const_expr
+
+from .config import RowConfig
+
+
+def make_row_copy(dtype, config: RowConfig) -> cute.TiledCopy:
+    """Tiled copy moving ``config.vec`` elements of ``dtype`` per thread access."""
+    atom = cute.make_copy_atom(
+        cute.nvgpu.CopyUniversalOp(), dtype, num_bits_per_copy=config.vec * dtype.width
+    )
+    threads = cute.make_ordered_layout((config.rows_per_cta, config.threads_per_row), order=(1, 0))
+    values = cute.make_layout((1, config.vec))
+    return cute.make_tiled_copy_tv(atom, threads, values)
+
+
+def cta_tiler(config: RowConfig) -> tuple:
+    return (config.rows_per_cta, config.cols_per_cta)
+
+
+def thread_fragment(mT: cute.Tensor, tiled_copy: cute.TiledCopy, config: RowConfig, tile):
+    """This thread's (vec, 1, vecs_per_thread) view of its CTA's tile of ``mT``."""
+    tidx, _, _ = cute.arch.thread_idx()
+    gT = cute.local_tile(mT, cta_tiler(config), tile)
+    return tiled_copy.get_slice(tidx).partition_S(gT)
+
+
+def bounds_predicate(tXcX: cute.Tensor, m_rows, config: RowConfig) -> cute.Tensor:
+    """One flag per vector of this thread's fragment: is it inside the tensor? (Its row is
+    below ``m_rows`` and, when the tile overhangs the row, its column below ``config.n``.)"""
+    pred = cute.make_rmem_tensor(
+        cute.make_layout(
+            (cute.size(tXcX, mode=[0, 1]), cute.size(tXcX, mode=[1]), cute.size(tXcX, mode=[2])),
+            stride=(cute.size(tXcX, mode=[2]), 0, 1),
+        ),
+        Boolean,
+    )
+    row_ok = tXcX[0][0] < m_rows
+    for v in range(pred.shape[0]):
+        for k in range(pred.shape[2]):
+            if const_expr(config.even_n):
+                pred[v, 0, k] = row_ok
+            else:
+                pred[v, 0, k] = row_ok & cute.elem_less(tXcX[(0, v), 0, k][1], config.n)
+    return pred
+
+
+def _vector_atom(tensor: cute.Tensor) -> cute.CopyAtom:
+    bits = cute.size(tensor, mode=[0, 0]) * tensor.element_type.width
+    return cute.make_copy_atom(
+        cute.nvgpu.CopyUniversalOp(), tensor.element_type, num_bits_per_copy=bits
+    )
+
+
+def load_fragment(tXgX: cute.Tensor, tXrX: cute.Tensor, pred: cute.Tensor, fill) -> None:
+    """Fill the register fragment with ``fill``, then load the in-bounds vectors over it."""
+    tXrX.fill(fill)
+    cute.copy(_vector_atom(tXgX), tXgX, tXrX, pred=pred)
+
+
+def store_fragment(tXrY: cute.Tensor, tXgY: cute.Tensor, pred: cute.Tensor) -> None:
+    cute.copy(_vector_atom(tXgY), tXrY, tXgY, pred=pred)
+
+
+def reduction_workspace(config: RowConfig, width: int):
+    """Shared-memory buffer (rows_per_cta, warps_per_row * cluster_n, width) Float32 and, for a
+    cluster, an mbarrier initialized for one arrival (the transaction bytes do the rest)."""
+    smem = cutlass.memory.SmemAllocator()
+    warps_per_row = max(config.threads_per_row // 32, 1)
+    layout = cute.make_ordered_layout(
+        (config.rows_per_cta, warps_per_row * config.cluster_n, width), order=(2, 1, 0)
+    )
+    buffer = smem.allocate_tensor(Float32, layout, byte_alignment=16)
+    mbar_ptr = None
+    if const_expr(config.cluster_n > 1):
+        mbar_ptr = smem.allocate_array(Int64, 1, byte_alignment=8)
+        _init_cluster_barrier(mbar_ptr)
+    return buffer, mbar_ptr
+
+
+@cute.jit
+def _init_cluster_barrier(mbar_ptr: cute.Pointer) -> None:
+    tidx, _, _ = cute.arch.thread_idx()
+    if tidx == 0:
+        cute.arch.mbarrier_init(mbar_ptr, 1)
+    cute.arch.mbarrier_init_fence()
+    cute.arch.cluster_arrive_relaxed()

@@ -1,0 +1,266 @@
+"""``softmax``: the torch-facing op, its custom ops and autograd.
+
+The public function validates its input, views it as (M, N) rows (moving ``dim`` last and
+copying only when the last dim is not contiguous or the leading dims cannot be flattened), picks
+the vector width from the actual strides and pointers, and calls the compiled kernel.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..runtime import (
+    DeviceError,
+    DTypeError,
+    StreamSpec,
+    Sym,
+    TensorSpec,
+    UnsupportedError,
+    dtype_name,
+    get_kernel,
+    kernel_op,
+)
+from ..runtime.errors import describe
+from .config import row_config
+from .softmax import SoftmaxBwdSm90, SoftmaxFwdSm90
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+_forward_kernels: dict = {}
+_backward_kernels: dict = {}
+
+
+def vector_width(n: int, widest: int, misalignment: int) -> int:
+    """Largest power-of-two element count, at most 16 bytes of the widest dtype, that divides
+    the row length and keeps every access aligned. ``misalignment`` is the OR of every data
+    pointer and row stride in bytes, modulo 16 (0 when everything is 16-byte aligned)."""
+    vec = 16 // widest
+    while vec > 1 and (n % vec or misalignment % (vec * widest)):
+        vec //= 2
+    return vec
+
+
+def _specs(tensors, n: int, vec: int) -> tuple:
+    return tuple(
+        TensorSpec.rowmajor(dtype_name(t.dtype), (Sym("m"), n), vec, align=vec * t.element_size())
+        for t in tensors
+    ) + (StreamSpec(),)
+
+
+def _compile_for(table: dict, key: tuple, kernel_cls, tensors, tensors_held: int):
+    """Compile (or load) the kernel for these (M, N) row tensors and memoize it under ``key``:
+    the tensors' dtypes, N and their combined misalignment, which decide the config."""
+    n, misalignment = key[-2], key[-1]
+    widest = max(t.element_size() for t in tensors)
+    vec = vector_width(n, widest, misalignment)
+    config = row_config(n, vec, widest, tensors_held)
+    fn = table[key] = get_kernel(kernel_cls, config, _specs(tensors, n, vec))
+    return fn
+
+
+# The eager hot path: a dict lookup on (dtypes, N, misalignment) and the TVM-FFI call. The
+# misalignment is the OR of the data pointers and row strides in bytes, modulo 16.
+
+
+@kernel_op("softmax_fwd", mutates_args=("y",))
+def softmax_fwd(x: torch.Tensor, y: torch.Tensor) -> None:
+    """y[M, N] = softmax(x[M, N]) along N. Last dims contiguous; M >= 1."""
+    key = (
+        x.dtype,
+        y.dtype,
+        x.shape[1],
+        (x.data_ptr() | y.data_ptr() | x.stride(0) * x.element_size()
+         | y.stride(0) * y.element_size()) & 15,
+    )
+    fn = _forward_kernels.get(key) or _compile_for(_forward_kernels, key, SoftmaxFwdSm90, (x, y), 1)
+    fn(x, y)
+
+
+@kernel_op("softmax_bwd", mutates_args=("dx",))
+def softmax_bwd(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> None:
+    """dx[M, N] = y * (dy - sum(dy * y)) along N. Last dims contiguous; M >= 1."""
+    key = (
+        y.dtype,
+        dy.dtype,
+        dx.dtype,
+        y.shape[1],
+        (y.data_ptr() | dy.data_ptr() | dx.data_ptr() | y.stride(0) * y.element_size()
+         | dy.stride(0) * dy.element_size() | dx.stride(0) * dx.element_size()) & 15,
+    )
+    fn = _backward_kernels.get(key) or _compile_for(
+        _backward_kernels, key, SoftmaxBwdSm90, (y, dy, dx), 2
+    )
+    fn(y, dy, dx)
+
+
+def _check_float(name: str, t: torch.Tensor) -> None:
+    if t.dtype not in FLOAT_DTYPES:
+        raise DTypeError(
+            f"{name} has dtype {t.dtype}; supported: float32, float16, bfloat16 ({describe(t)})"
+        )
+
+
+def _validate(x, dim, out_dtype) -> int:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if not x.is_cuda:
+        raise DeviceError(f"x must be a CUDA tensor, got device {x.device} ({describe(x)})")
+    _check_float("x", x)
+    if out_dtype is not None and out_dtype not in FLOAT_DTYPES:
+        raise DTypeError(f"out_dtype={out_dtype} is not supported; use float32, float16 or bfloat16")
+    ndim = max(x.dim(), 1)
+    if not isinstance(dim, int) or not -ndim <= dim < ndim:
+        raise UnsupportedError(
+            f"dim={dim!r} is out of range for a tensor of {x.dim()} dims "
+            f"(expected an int in [{-ndim}, {ndim - 1}])"
+        )
+    return dim % ndim
+
+
+def _as_rows(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """View ``t`` as (M, N) rows along ``dim`` with a contiguous last dim (copying if needed)."""
+    if t.dim() == 0:
+        t = t.reshape(1)
+    if dim != t.dim() - 1:
+        t = t.movedim(dim, -1)
+    if t.stride(-1) != 1:
+        t = t.contiguous()
+    return t.reshape(-1, t.shape[-1])
+
+
+def _from_rows(rows: torch.Tensor, like: torch.Tensor, dim: int) -> torch.Tensor:
+    """Inverse of :func:`_as_rows` for a fresh (M, N) result shaped after ``like``."""
+    if like.dim() == 0:
+        return rows.reshape(())
+    if dim != like.dim() - 1:
+        shape = list(like.shape)
+        shape.append(shape.pop(dim))
+        return rows.view(shape).movedim(-1, dim)
+    return rows.view(like.shape)
+
+
+def _forward(x: torch.Tensor, dim: int, out_dtype) -> torch.Tensor:
+    if dim == 1 and x.dim() == 2 and x.stride(1) == 1 and x.numel():  # already (M, N) rows: no views
+        y = torch.empty_like(x) if out_dtype is None else torch.empty_like(x, dtype=out_dtype)
+        softmax_fwd(x, y)
+        return y
+    if x.numel() == 0:
+        return torch.empty_like(x, dtype=out_dtype or x.dtype)
+    x2 = _as_rows(x, dim)
+    y2 = torch.empty(x2.shape, dtype=out_dtype or x.dtype, device=x.device)
+    softmax_fwd(x2, y2)
+    return _from_rows(y2, x, dim)
+
+
+def _backward(y: torch.Tensor, dy: torch.Tensor, dim: int, dx_dtype) -> torch.Tensor:
+    if y.numel() == 0:
+        return torch.empty_like(y, dtype=dx_dtype)
+    y2, dy2 = _as_rows(y, dim), _as_rows(dy, dim)
+    dx2 = torch.empty(y2.shape, dtype=dx_dtype, device=y.device)
+    softmax_bwd(y2, dy2, dx2)
+    return _from_rows(dx2, y, dim)
+
+
+class _Softmax(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, dim, out_dtype):
+        y = _forward(x, dim, out_dtype)
+        ctx.save_for_backward(y)
+        ctx.dim = dim
+        ctx.x_dtype = x.dtype
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        _check_float("grad of softmax output", dy)
+        return _backward(y, dy, ctx.dim, ctx.x_dtype), None, None
+
+
+def softmax(x: torch.Tensor, dim: int = -1, *, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Softmax of ``x`` along ``dim``, differentiable.
+
+    Args:
+        x: CUDA tensor, float32, float16 or bfloat16, any shape (0-d included).
+        dim: the dim to normalize over.
+        out_dtype: dtype of the result (default: x's dtype). The math is fp32 either way.
+
+    Returns a tensor of x's shape. The gradient flows back in x's dtype.
+
+    Constraints:
+      - row length (size of ``dim``) up to 524288 (262144 when a gradient is needed)
+      - a non-last ``dim`` or a non-contiguous last dim costs one copy of x
+      - NaN anywhere in a row, or a row of only -inf, gives a NaN row (as torch.softmax)
+    """
+    d = _validate(x, dim, out_dtype)
+    if x.requires_grad and torch.is_grad_enabled():
+        if x.numel():
+            row_config(x.shape[d] if x.dim() else 1, 1, 4, tensors_held=2)  # refuse before running
+        return _Softmax.apply(x, d, out_dtype)
+    return _forward(x, d, out_dtype)
+
+
+# Row lengths that reach every branch of ``row_config`` (each threads-per-row and cluster bucket,
+# tiles that cover the row exactly and ones that overhang it) plus the awkward sizes the tests use.
+SAMPLE_ROW_LENGTHS = (1, 7, 64, 100, 192, 760, 1128, 3072, 4096, 6144, 8192, 16384, 32768,
+                      65536, 131072, 262144, 524288)
+_FORWARD_DTYPES = (("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"),
+                   ("bfloat16", "float32"))
+_BACKWARD_DTYPES = (("bfloat16", "bfloat16", "bfloat16"), ("float16", "float16", "float16"),
+                    ("float32", "float32", "float32"), ("float32", "float32", "bfloat16"))
+_ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def _sample_specs(names, n, vec):
+    return tuple(
+        TensorSpec.rowmajor(d, (Sym("m"), n), vec, align=vec * _ITEMSIZE[d]) for d in names
+    ) + (StreamSpec(),)
+
+
+def compile_configurations(quick: bool = False):
+    """(kernel class, config, argument specs) for every softmax configuration the op can pick
+    over ``SAMPLE_ROW_LENGTHS``, every dtype mix and the narrower vector widths that misaligned
+    inputs fall back to. ``quick`` keeps one dtype mix and the largest vector width."""
+    found = {}
+    lengths = SAMPLE_ROW_LENGTHS if not quick else (7, 1128, 4096, 65536, 262144)
+    for direction, kernel, mixes, held in (
+        ("fwd", SoftmaxFwdSm90, _FORWARD_DTYPES, 1),
+        ("bwd", SoftmaxBwdSm90, _BACKWARD_DTYPES, 2),
+    ):
+        for names in mixes[:1] if quick else mixes:
+            widest = max(_ITEMSIZE[d] for d in names)
+            for n in lengths:
+                if n > row_config_limit(held):
+                    continue
+                top = vector_width(n, widest, 0)
+                vecs = [top] if quick or n != 4096 else [v for v in (1, 2, 4, 8) if v <= top]
+                for vec in vecs:
+                    config = row_config(n, vec, widest, tensors_held=held)
+                    found[(kernel, config, names)] = (kernel, config, _sample_specs(names, n, vec))
+    return list(found.values())
+
+
+def row_config_limit(tensors_held: int) -> int:
+    """Longest row the kernels accept (forward: 1 tensor held, backward: 2)."""
+    return 524288 // tensors_held
+
+
+def self_checks():
+    """Rows of the ``python -m cute_kernels`` table for softmax."""
+    from ..reference import softmax_backward_ref, softmax_ref
+    from ..runtime.selfcheck import SelfCheck
+
+    checks = []
+    for m, n, dtype, tol in ((4096, 4096, torch.bfloat16, 1e-2), (512, 1000, torch.float32, 1e-5),
+                             (256, 131072, torch.bfloat16, 1e-2)):
+        x = torch.randn(m, n, device="cuda", dtype=dtype)
+        y = torch.softmax(x, -1)
+        dy = torch.randn_like(x)
+        name = str(dtype).removeprefix("torch.")
+        checks.append(SelfCheck("softmax_fwd", f"{m}x{n}", name, lambda x=x: softmax(x),
+                                lambda x=x: torch.softmax(x, -1), softmax_ref(x), tol))
+        checks.append(SelfCheck(
+            "softmax_bwd", f"{m}x{n}", name, lambda y=y, dy=dy: _backward(y, dy, 1, y.dtype),
+            lambda y=y, dy=dy: torch._softmax_backward_data(dy, y, -1, y.dtype),
+            softmax_backward_ref(y, dy), tol))
+    return checks

@@ -1,0 +1,1 @@
+"""Device-side building blocks shared by kernel families."""

@@ -1,0 +1,37 @@
+"""Every kernel configuration compiled for sm_90a on this machine (no GPU needed), PTX read."""
+
+import pytest
+
+from cute_kernels.norms.softmax_op import compile_configurations as softmax_configurations
+from cute_kernels.runtime import inspect_kernel
+
+pytestmark = pytest.mark.compile
+
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def _id(case):
+    kernel, config, specs = case
+    dtypes = "-".join(s.dtype for s in specs if hasattr(s, "dtype"))
+    return f"{kernel.__name__}-n{config.n}-v{config.vec}-c{config.cluster_n}-{dtypes}"
+
+
+SOFTMAX = softmax_configurations()
+
+
+@pytest.mark.parametrize("case", SOFTMAX, ids=[_id(c) for c in SOFTMAX])
+def test_softmax_configuration_compiles_without_spills(case):
+    kernel, config, specs = case
+    report = inspect_kernel(kernel, config, specs, arch="sm_90a")
+    assert not report.local_memory, f"local memory / spills: {report.summary()}"
+    assert 0 < report.registers <= 255
+    ptx = report.ptx
+    access_bytes = [config.vec * ITEMSIZE[s.dtype] for s in specs if hasattr(s, "dtype")]
+    if min(access_bytes) >= 8:
+        assert "ld.global.v" in ptx and "st.global.v" in ptx, "rows must move in vectors"
+    if max(access_bytes) == 16:
+        assert ".global.v4" in ptx, "16-byte accesses expected"
+    if config.cluster_n > 1:
+        assert "st.async.shared::cluster" in ptx and "mbarrier" in ptx
+    else:
+        assert "st.async" not in ptx
