@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Results, bench, ceilings, gbps, make_input_sets, try_import  # noqa: E402
+from harness import Results, bench_many, ceilings, gbps, make_input_sets, try_import  # noqa: E402
 
 import cute_kernels as ck  # noqa: E402
 from cute_kernels.norms.softmax_op import _backward  # noqa: E402
@@ -28,21 +28,21 @@ def torch_bwd(y, dy):
 
 
 def compiled_peers():
-    fwd = torch.compile(lambda x: torch.softmax(x.float(), -1).to(x.dtype), dynamic=False)
+    fwd = torch.compile(lambda x: torch.softmax(x.float(), -1).to(x.dtype))
 
     def bwd_math(y, dy):
         yf, dyf = y.float(), dy.float()
         return (yf * (dyf - (dyf * yf).sum(-1, keepdim=True))).to(y.dtype)
 
-    return fwd, torch.compile(bwd_math, dynamic=False)
+    return fwd, torch.compile(bwd_math)
 
 
 def run_shape(results, m, n, dtype, peers_fwd, peers_bwd):
     size = torch.tensor([], dtype=dtype).element_size()
     fwd_sets = make_input_sets(lambda: (torch.randn(m, n, device="cuda", dtype=dtype),), m * n * size)
-    ours = gbps(2 * m * n * size, bench(ck.softmax, fwd_sets))
-    peers = {k: gbps(2 * m * n * size, bench(f, fwd_sets)) for k, f in peers_fwd.items()}
-    results.add("softmax", "softmax_fwd", (m, n), dtype, "GBps", ours, peers)
+    ms = bench_many({"ours": ck.softmax, **peers_fwd}, fwd_sets)
+    rates = {k: gbps(2 * m * n * size, v) for k, v in ms.items()}
+    results.add("softmax", "softmax_fwd", (m, n), dtype, "GBps", rates.pop("ours"), rates)
     del fwd_sets
 
     def make_bwd():
@@ -50,10 +50,9 @@ def run_shape(results, m, n, dtype, peers_fwd, peers_bwd):
         return y, torch.randn_like(y)
 
     bwd_sets = make_input_sets(make_bwd, 2 * m * n * size)
-    nbytes = 3 * m * n * size
-    ours = gbps(nbytes, bench(lambda y, dy: _backward(y, dy, 1, dtype), bwd_sets))
-    peers = {k: gbps(nbytes, bench(f, bwd_sets)) for k, f in peers_bwd.items()}
-    results.add("softmax", "softmax_bwd", (m, n), dtype, "GBps", ours, peers)
+    ms = bench_many({"ours": lambda y, dy: _backward(y, dy, 1, dtype), **peers_bwd}, bwd_sets)
+    rates = {k: gbps(3 * m * n * size, v) for k, v in ms.items()}
+    results.add("softmax", "softmax_bwd", (m, n), dtype, "GBps", rates.pop("ours"), rates)
 
 
 def main():

@@ -54,6 +54,17 @@ def bench(fn: Callable, input_sets: Sequence[tuple], warmup: int = 5, reps: int 
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
+def bench_many(fns: dict, input_sets: Sequence[tuple], rounds: int = 3, reps: int = 20) -> dict:
+    """Median milliseconds of each candidate, measured in interleaved rounds (a, b, c, a, b, c,
+    ...) so clock and thermal drift fall on all of them alike; each round's median, then the
+    median over rounds."""
+    per_round = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            per_round[name].append(bench(fn, input_sets, warmup=3, reps=reps))
+    return {name: statistics.median(times) for name, times in per_round.items()}
+
+
 def gbps(nbytes: int, ms: float) -> float:
     return nbytes / ms / 1e6
 

@@ -24,6 +24,7 @@ class RowConfig:
     threads_per_row: int
     num_threads: int  # threads per CTA
     cluster_n: int  # CTAs sharing one row
+    stage_smem: bool = False  # load through shared memory with cp.async instead of directly
 
     @property
     def rows_per_cta(self) -> int:
@@ -69,10 +70,18 @@ def row_config(n: int, vec: int, widest_itemsize: int, tensors_held: int = 1) ->
         if n <= limit:
             threads_per_row = threads
             break
-    num_threads = 128 if n <= one_cta else 256
+    # Measured on H100 (benchmarks/NOTES.md): backward runs 0.5% faster with 256-thread CTAs
+    # even for short rows; forward keeps 128 threads until a row needs more.
+    num_threads = 128 if (n <= one_cta and tensors_held == 1) else 256
     per_cta = 32768 if (widest_itemsize >= 4 and tensors_held == 1) else 16384
     cluster_n = next((c for c in CLUSTER_SIZES if n <= per_cta * c), CLUSTER_SIZES[-1])
+    # Forward rows that fit one CTA load a little faster through shared memory (cp.async, which
+    # needs 4-byte accesses) while the tile stays <= 32 KB; split rows and the backward load
+    # straight into registers.
     config = RowConfig(n, vec, threads_per_row, num_threads, cluster_n)
+    tile_bytes = config.rows_per_cta * config.cols_per_cta * widest_itemsize
+    if tensors_held == 1 and cluster_n == 1 and vec * widest_itemsize >= 8 and tile_bytes <= 32768:
+        config = RowConfig(n, vec, threads_per_row, num_threads, cluster_n, stage_smem=True)
     cap = 128 // tensors_held
     if config.elems_per_thread > cap:
         longest = cap * num_threads * CLUSTER_SIZES[-1]

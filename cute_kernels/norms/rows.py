@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
+from cutlass.cute.nvgpu import cpasync
 from cutlass import Boolean, Float32, Int64, const_expr
 
 from .config import RowConfig
@@ -63,20 +64,46 @@ def _vector_atom(tensor: cute.Tensor) -> cute.CopyAtom:
     )
 
 
-def load_fragment(tXgX: cute.Tensor, tXrX: cute.Tensor, pred: cute.Tensor, fill) -> None:
-    """Fill the register fragment with ``fill``, then load the in-bounds vectors over it."""
-    tXrX.fill(fill)
-    cute.copy(_vector_atom(tXgX), tXgX, tXrX, pred=pred)
+def stage_fragment(smem, tensor: cute.Tensor, tiled_copy: cute.TiledCopy, config: RowConfig):
+    """This thread's view of a shared-memory copy of the CTA tile (for ``stage_smem``)."""
+    sT = smem.allocate_tensor(
+        tensor.element_type, cute.make_ordered_layout(cta_tiler(config), order=(1, 0)), 16
+    )
+    tidx, _, _ = cute.arch.thread_idx()
+    return tiled_copy.get_slice(tidx).partition_D(sT)
+
+
+def load_fragments(pred: cute.Tensor, *loads) -> None:
+    """Load each ``(global fragment, register fragment, staged fragment or None, fill)``: the
+    registers are filled with ``fill`` and the in-bounds vectors loaded over them. With a staged
+    fragment the vectors go through shared memory by cp.async (all issued before one wait); each
+    thread reads back only what it copied itself, so no barrier is needed."""
+    staged = [load for load in loads if load[2] is not None]
+    for tXgX, _, tXsX, _ in staged:
+        bits = cute.size(tXgX, mode=[0, 0]) * tXgX.element_type.width
+        atom = cute.make_copy_atom(
+            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL if bits == 128
+                              else cpasync.LoadCacheMode.ALWAYS),
+            tXgX.element_type,
+            num_bits_per_copy=bits,
+        )
+        cute.copy(atom, tXgX, tXsX, pred=pred)
+    if staged:
+        cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(0)
+    for tXgX, tXrX, tXsX, fill in loads:
+        tXrX.fill(fill)
+        source = tXgX if tXsX is None else tXsX
+        cute.copy(_vector_atom(source), source, tXrX, pred=pred)
 
 
 def store_fragment(tXrY: cute.Tensor, tXgY: cute.Tensor, pred: cute.Tensor) -> None:
     cute.copy(_vector_atom(tXgY), tXrY, tXgY, pred=pred)
 
 
-def reduction_workspace(config: RowConfig, width: int):
+def reduction_workspace(smem, config: RowConfig, width: int):
     """Shared-memory buffer (rows_per_cta, warps_per_row * cluster_n, width) Float32 and, for a
     cluster, an mbarrier initialized for one arrival (the transaction bytes do the rest)."""
-    smem = cutlass.memory.SmemAllocator()
     warps_per_row = max(config.threads_per_row // 32, 1)
     layout = cute.make_ordered_layout(
         (config.rows_per_cta, warps_per_row * config.cluster_n, width), order=(2, 1, 0)

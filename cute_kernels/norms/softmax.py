@@ -28,9 +28,10 @@ from ..primitives.reduce import cross_warp_combine
 from .config import RowConfig
 from .rows import (
     bounds_predicate,
-    load_fragment,
+    load_fragments,
     make_row_copy,
     reduction_workspace,
+    stage_fragment,
     store_fragment,
     thread_fragment,
 )
@@ -72,12 +73,15 @@ class SoftmaxFwdSm90(_RowKernel):
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mY: cute.Tensor):
         cfg = self.config
-        buffer, mbar_ptr = reduction_workspace(cfg, 2)
+        smem = cutlass.memory.SmemAllocator()
+        buffer, mbar_ptr = reduction_workspace(smem, cfg, 2)
         tile, pred = self._tile_and_predicate(mX)
-        tXgX = thread_fragment(mX, make_row_copy(mX.element_type, cfg), cfg, tile)
+        copy_x = make_row_copy(mX.element_type, cfg)
+        tXgX = thread_fragment(mX, copy_x, cfg, tile)
         tXgY = thread_fragment(mY, make_row_copy(mY.element_type, cfg), cfg, tile)
         tXrX = cute.make_rmem_tensor_like(tXgX)
-        load_fragment(tXgX, tXrX, pred, -mX.element_type.inf)
+        tXsX = stage_fragment(smem, mX, copy_x, cfg) if const_expr(cfg.stage_smem) else None
+        load_fragments(pred, (tXgX, tXrX, tXsX, -mX.element_type.inf))
         x = tXrX.load().to(Float32)
 
         group = const_expr(min(cfg.threads_per_row, 32))
@@ -118,15 +122,22 @@ class SoftmaxBwdSm90(_RowKernel):
     @cute.kernel
     def kernel(self, mY: cute.Tensor, mdY: cute.Tensor, mdX: cute.Tensor):
         cfg = self.config
-        buffer, mbar_ptr = reduction_workspace(cfg, 1)
+        smem = cutlass.memory.SmemAllocator()
+        buffer, mbar_ptr = reduction_workspace(smem, cfg, 1)
         tile, pred = self._tile_and_predicate(mY)
-        tXgY = thread_fragment(mY, make_row_copy(mY.element_type, cfg), cfg, tile)
-        tXgdY = thread_fragment(mdY, make_row_copy(mdY.element_type, cfg), cfg, tile)
+        copy_y, copy_dy = make_row_copy(mY.element_type, cfg), make_row_copy(mdY.element_type, cfg)
+        tXgY = thread_fragment(mY, copy_y, cfg, tile)
+        tXgdY = thread_fragment(mdY, copy_dy, cfg, tile)
         tXgdX = thread_fragment(mdX, make_row_copy(mdX.element_type, cfg), cfg, tile)
         tXrY = cute.make_rmem_tensor_like(tXgY)
         tXrdY = cute.make_rmem_tensor_like(tXgdY)
-        load_fragment(tXgY, tXrY, pred, mY.element_type(0))
-        load_fragment(tXgdY, tXrdY, pred, mdY.element_type(0))
+        tXsY, tXsdY = None, None
+        if const_expr(cfg.stage_smem):
+            tXsY = stage_fragment(smem, mY, copy_y, cfg)
+            tXsdY = stage_fragment(smem, mdY, copy_dy, cfg)
+        load_fragments(
+            pred, (tXgY, tXrY, tXsY, mY.element_type(0)), (tXgdY, tXrdY, tXsdY, mdY.element_type(0))
+        )
         y = tXrY.load().to(Float32)
         dy = tXrdY.load().to(Float32)
         (dot,) = row_reduce(

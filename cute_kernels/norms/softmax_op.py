@@ -105,11 +105,12 @@ def _validate(x, dim, out_dtype) -> int:
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
     if not x.is_cuda:
         raise DeviceError(f"x must be a CUDA tensor, got device {x.device} ({describe(x)})")
-    _check_float("x", x)
+    if x.dtype not in FLOAT_DTYPES:
+        _check_float("x", x)
     if out_dtype is not None and out_dtype not in FLOAT_DTYPES:
         raise DTypeError(f"out_dtype={out_dtype} is not supported; use float32, float16 or bfloat16")
-    ndim = max(x.dim(), 1)
-    if not isinstance(dim, int) or not -ndim <= dim < ndim:
+    ndim = x.dim() or 1
+    if type(dim) is not int or not -ndim <= dim < ndim:
         raise UnsupportedError(
             f"dim={dim!r} is out of range for a tensor of {x.dim()} dims "
             f"(expected an int in [{-ndim}, {ndim - 1}])"
