@@ -25,6 +25,7 @@ from .config import row_config
 from .softmax import SoftmaxBwdSm90, SoftmaxFwdSm90
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_ITEMSIZE = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
 
 _forward_kernels: dict = {}
 _backward_kernels: dict = {}
@@ -65,12 +66,13 @@ def _compile_for(table: dict, key: tuple, kernel_cls, tensors, tensors_held: int
 @kernel_op("softmax_fwd", mutates_args=("y",))
 def softmax_fwd(x: torch.Tensor, y: torch.Tensor) -> None:
     """y[M, N] = softmax(x[M, N]) along N. Last dims contiguous; M >= 1."""
+    xs, ys = x.stride(), y.stride()
     key = (
         x.dtype,
         y.dtype,
         x.shape[1],
-        (x.data_ptr() | y.data_ptr() | x.stride(0) * x.element_size()
-         | y.stride(0) * y.element_size()) & 15,
+        (x.data_ptr() | y.data_ptr() | xs[0] * _ITEMSIZE[x.dtype] | ys[0] * _ITEMSIZE[y.dtype])
+        & 15,
     )
     fn = _forward_kernels.get(key) or _compile_for(_forward_kernels, key, SoftmaxFwdSm90, (x, y), 1)
     fn(x, y)
@@ -84,8 +86,8 @@ def softmax_bwd(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> None:
         dy.dtype,
         dx.dtype,
         y.shape[1],
-        (y.data_ptr() | dy.data_ptr() | dx.data_ptr() | y.stride(0) * y.element_size()
-         | dy.stride(0) * dy.element_size() | dx.stride(0) * dx.element_size()) & 15,
+        (y.data_ptr() | dy.data_ptr() | dx.data_ptr() | y.stride()[0] * _ITEMSIZE[y.dtype]
+         | dy.stride()[0] * _ITEMSIZE[dy.dtype] | dx.stride()[0] * _ITEMSIZE[dx.dtype]) & 15,
     )
     fn = _backward_kernels.get(key) or _compile_for(
         _backward_kernels, key, SoftmaxBwdSm90, (y, dy, dx), 2
@@ -141,7 +143,7 @@ def _from_rows(rows: torch.Tensor, like: torch.Tensor, dim: int) -> torch.Tensor
 
 
 def _forward(x: torch.Tensor, dim: int, out_dtype) -> torch.Tensor:
-    if dim == 1 and x.dim() == 2 and x.stride(1) == 1 and x.numel():  # already (M, N) rows: no views
+    if dim == 1 and x.dim() == 2 and x.is_contiguous() and x.numel():  # already (M, N) rows
         y = torch.empty_like(x) if out_dtype is None else torch.empty_like(x, dtype=out_dtype)
         softmax_fwd(x, y)
         return y
@@ -209,12 +211,12 @@ _FORWARD_DTYPES = (("bfloat16", "bfloat16"), ("float16", "float16"), ("float32",
                    ("bfloat16", "float32"))
 _BACKWARD_DTYPES = (("bfloat16", "bfloat16", "bfloat16"), ("float16", "float16", "float16"),
                     ("float32", "float32", "float32"), ("float32", "float32", "bfloat16"))
-_ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
+_NAME_ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def _sample_specs(names, n, vec):
     return tuple(
-        TensorSpec.rowmajor(d, (Sym("m"), n), vec, align=vec * _ITEMSIZE[d]) for d in names
+        TensorSpec.rowmajor(d, (Sym("m"), n), vec, align=vec * _NAME_ITEMSIZE[d]) for d in names
     ) + (StreamSpec(),)
 
 
@@ -229,7 +231,7 @@ def compile_configurations(quick: bool = False):
         ("bwd", SoftmaxBwdSm90, _BACKWARD_DTYPES, 2),
     ):
         for names in mixes[:1] if quick else mixes:
-            widest = max(_ITEMSIZE[d] for d in names)
+            widest = max(_NAME_ITEMSIZE[d] for d in names)
             for n in lengths:
                 if n > row_config_limit(held):
                     continue
