@@ -17,7 +17,7 @@ from harness import bench_many, gbps, make_input_sets, try_import  # noqa: E402
 
 from cute_kernels.norms.config import row_config  # noqa: E402
 from cute_kernels.norms.softmax import SoftmaxBwdSm90, SoftmaxFwdSm90  # noqa: E402
-from cute_kernels.norms.softmax_op import _specs  # noqa: E402
+from cute_kernels.norms.dispatch import row_specs  # noqa: E402
 from cute_kernels.runtime import get_kernel  # noqa: E402
 
 SHAPES = [(32768, 4096), (16384, 16384), (4096, 131072), (131072, 1024), (65536, 2048)]
@@ -37,9 +37,9 @@ def main():
     for m, n in SHAPES:
         x = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
         for name, cfg in variants(n, 1).items():
-            fwd_fns[(n, name)] = get_kernel(SoftmaxFwdSm90, cfg, _specs((x, x), n, 8))
+            fwd_fns[(n, name)] = get_kernel(SoftmaxFwdSm90, cfg, row_specs([x.dtype] * 2, n, 8))
         for name, cfg in variants(n, 2).items():
-            bwd_fns[(n, name)] = get_kernel(SoftmaxBwdSm90, cfg, _specs((x, x, x), n, 8))
+            bwd_fns[(n, name)] = get_kernel(SoftmaxBwdSm90, cfg, row_specs([x.dtype] * 3, n, 8))
     quack = try_import("quack.softmax")
     for m, n in SHAPES:
         nbytes = m * n * 2

@@ -258,3 +258,11 @@ def test_bad_inputs_raise_clear_errors():
     x = torch.randn(1, 262144 + 8, device="cuda", requires_grad=True)
     with pytest.raises(ck.UnsupportedError, match="row length"):
         ck.softmax(x)
+
+
+@gpu
+def test_misaligned_call_after_an_aligned_one_falls_back_to_narrower_vectors():
+    n = 2048
+    base = torch.randn(16, n + 8, device="cuda", dtype=torch.bfloat16)
+    for x in (base[:, :n], base[:, 1 : n + 1], base[:, :n]):  # aligned, misaligned, aligned
+        assert_close_to_ref(ck.softmax(x), torch.softmax(x, -1), softmax_ref(x), torch.bfloat16)

@@ -9,90 +9,29 @@ from __future__ import annotations
 
 import torch
 
-from ..runtime import (
-    DeviceError,
-    DTypeError,
-    StreamSpec,
-    Sym,
-    TensorSpec,
-    UnsupportedError,
-    dtype_name,
-    get_kernel,
-    kernel_op,
-)
+from ..runtime import DeviceError, DTypeError, UnsupportedError, kernel_op
 from ..runtime.errors import describe
 from .config import row_config
+from .dispatch import ITEMSIZE, RowKernels, row_specs, vector_width
 from .softmax import SoftmaxBwdSm90, SoftmaxFwdSm90
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_ITEMSIZE = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
+MAX_ROW_LENGTH = 524288  # forward; half of it when a gradient is needed (config.row_config)
 
-_forward_kernels: dict = {}
-_backward_kernels: dict = {}
-
-
-def vector_width(n: int, widest: int, misalignment: int) -> int:
-    """Largest power-of-two element count, at most 16 bytes of the widest dtype, that divides
-    the row length and keeps every access aligned. ``misalignment`` is the OR of every data
-    pointer and row stride in bytes, modulo 16 (0 when everything is 16-byte aligned)."""
-    vec = 16 // widest
-    while vec > 1 and (n % vec or misalignment % (vec * widest)):
-        vec //= 2
-    return vec
-
-
-def _specs(tensors, n: int, vec: int) -> tuple:
-    return tuple(
-        TensorSpec.rowmajor(dtype_name(t.dtype), (Sym("m"), n), vec, align=vec * t.element_size())
-        for t in tensors
-    ) + (StreamSpec(),)
-
-
-def _compile_for(table: dict, key: tuple, kernel_cls, tensors, tensors_held: int):
-    """Compile (or load) the kernel for these (M, N) row tensors and memoize it under ``key``:
-    the tensors' dtypes, N and their combined misalignment, which decide the config."""
-    n, misalignment = key[-2], key[-1]
-    widest = max(t.element_size() for t in tensors)
-    vec = vector_width(n, widest, misalignment)
-    config = row_config(n, vec, widest, tensors_held)
-    fn = table[key] = get_kernel(kernel_cls, config, _specs(tensors, n, vec))
-    return fn
-
-
-# The eager hot path: a dict lookup on (dtypes, N, misalignment) and the TVM-FFI call. The
-# misalignment is the OR of the data pointers and row strides in bytes, modulo 16.
+_forward_kernels = RowKernels(SoftmaxFwdSm90, tensors_held=1)
+_backward_kernels = RowKernels(SoftmaxBwdSm90, tensors_held=2)
 
 
 @kernel_op("softmax_fwd", mutates_args=("y",))
 def softmax_fwd(x: torch.Tensor, y: torch.Tensor) -> None:
     """y[M, N] = softmax(x[M, N]) along N. Last dims contiguous; M >= 1."""
-    xs, ys = x.stride(), y.stride()
-    key = (
-        x.dtype,
-        y.dtype,
-        x.shape[1],
-        (x.data_ptr() | y.data_ptr() | xs[0] * _ITEMSIZE[x.dtype] | ys[0] * _ITEMSIZE[y.dtype])
-        & 15,
-    )
-    fn = _forward_kernels.get(key) or _compile_for(_forward_kernels, key, SoftmaxFwdSm90, (x, y), 1)
-    fn(x, y)
+    _forward_kernels((x.dtype, y.dtype, x.shape[1]), (x, y), x, y)
 
 
 @kernel_op("softmax_bwd", mutates_args=("dx",))
 def softmax_bwd(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> None:
     """dx[M, N] = y * (dy - sum(dy * y)) along N. Last dims contiguous; M >= 1."""
-    key = (
-        y.dtype,
-        dy.dtype,
-        dx.dtype,
-        y.shape[1],
-        (y.data_ptr() | dy.data_ptr() | dx.data_ptr() | y.stride()[0] * _ITEMSIZE[y.dtype]
-         | dy.stride()[0] * _ITEMSIZE[dy.dtype] | dx.stride()[0] * _ITEMSIZE[dx.dtype]) & 15,
-    )
-    fn = _backward_kernels.get(key) or _compile_for(
-        _backward_kernels, key, SoftmaxBwdSm90, (y, dy, dx), 2
-    )
-    fn(y, dy, dx)
+    _backward_kernels((y.dtype, dy.dtype, dx.dtype, y.shape[1]), (y, dy, dx), y, dy, dx)
 
 
 def _check_float(name: str, t: torch.Tensor) -> None:
@@ -207,17 +146,10 @@ def softmax(x: torch.Tensor, dim: int = -1, *, out_dtype: torch.dtype | None = N
 # tiles that cover the row exactly and ones that overhang it) plus the awkward sizes the tests use.
 SAMPLE_ROW_LENGTHS = (1, 7, 64, 100, 192, 760, 1128, 3072, 4096, 6144, 8192, 16384, 32768,
                       65536, 131072, 262144, 524288)
-_FORWARD_DTYPES = (("bfloat16", "bfloat16"), ("float16", "float16"), ("float32", "float32"),
-                   ("bfloat16", "float32"))
-_BACKWARD_DTYPES = (("bfloat16", "bfloat16", "bfloat16"), ("float16", "float16", "float16"),
-                    ("float32", "float32", "float32"), ("float32", "float32", "bfloat16"))
-_NAME_ITEMSIZE = {"bfloat16": 2, "float16": 2, "float32": 4}
-
-
-def _sample_specs(names, n, vec):
-    return tuple(
-        TensorSpec.rowmajor(d, (Sym("m"), n), vec, align=vec * _NAME_ITEMSIZE[d]) for d in names
-    ) + (StreamSpec(),)
+_BF16, _FP16, _FP32 = torch.bfloat16, torch.float16, torch.float32
+_FORWARD_DTYPES = ((_BF16, _BF16), (_FP16, _FP16), (_FP32, _FP32), (_BF16, _FP32))
+_BACKWARD_DTYPES = ((_BF16, _BF16, _BF16), (_FP16, _FP16, _FP16), (_FP32, _FP32, _FP32),
+                    (_FP32, _FP32, _BF16))
 
 
 def compile_configurations(quick: bool = False):
@@ -226,26 +158,21 @@ def compile_configurations(quick: bool = False):
     inputs fall back to. ``quick`` keeps one dtype mix and the largest vector width."""
     found = {}
     lengths = SAMPLE_ROW_LENGTHS if not quick else (7, 1128, 4096, 65536, 262144)
-    for direction, kernel, mixes, held in (
-        ("fwd", SoftmaxFwdSm90, _FORWARD_DTYPES, 1),
-        ("bwd", SoftmaxBwdSm90, _BACKWARD_DTYPES, 2),
-    ):
-        for names in mixes[:1] if quick else mixes:
-            widest = max(_NAME_ITEMSIZE[d] for d in names)
+    for kernels, mixes in ((_forward_kernels, _FORWARD_DTYPES), (_backward_kernels, _BACKWARD_DTYPES)):
+        held = kernels.tensors_held
+        for dtypes in mixes[:1] if quick else mixes:
+            widest = max(ITEMSIZE[d] for d in dtypes)
             for n in lengths:
-                if n > row_config_limit(held):
+                if n > MAX_ROW_LENGTH // held:
                     continue
                 top = vector_width(n, widest, 0)
                 vecs = [top] if quick or n != 4096 else [v for v in (1, 2, 4, 8) if v <= top]
                 for vec in vecs:
                     config = row_config(n, vec, widest, tensors_held=held)
-                    found[(kernel, config, names)] = (kernel, config, _sample_specs(names, n, vec))
+                    found[(kernels.kernel_cls, config, dtypes)] = (
+                        kernels.kernel_cls, config, row_specs(dtypes, n, vec)
+                    )
     return list(found.values())
-
-
-def row_config_limit(tensors_held: int) -> int:
-    """Longest row the kernels accept (forward: 1 tensor held, backward: 2)."""
-    return 524288 // tensors_held
 
 
 def self_checks():
