@@ -13,6 +13,7 @@ import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync
 from cutlass import Boolean, Float32, Int64, const_expr
 
+from ..primitives.reduce import padded_width
 from .config import RowConfig
 
 
@@ -101,25 +102,28 @@ def store_fragment(tXrY: cute.Tensor, tXgY: cute.Tensor, pred: cute.Tensor) -> N
     cute.copy(_vector_atom(tXgY), tXrY, tXgY, pred=pred)
 
 
-def reduction_workspace(smem, config: RowConfig, width: int):
-    """Shared-memory buffer (rows_per_cta, warps_per_row * cluster_n, width) Float32 and, for a
-    cluster, an mbarrier initialized for one arrival (the transaction bytes do the rest)."""
+def reduction_workspace(smem, config: RowConfig, width: int, buffers: int = 1):
+    """Shared-memory exchange buffers for row reductions: a Float32 tensor
+    (rows_per_cta, warps_per_row * cluster_n, padded width, buffers) and, for a cluster, one
+    mbarrier per buffer, each initialized for one arrival (the transaction bytes do the rest).
+    Index both with the buffer number: ``buffer[None, None, None, b]``, ``mbar_ptr + b``."""
     warps_per_row = max(config.threads_per_row // 32, 1)
     layout = cute.make_ordered_layout(
-        (config.rows_per_cta, warps_per_row * config.cluster_n, width), order=(2, 1, 0)
+        (config.rows_per_cta, warps_per_row * config.cluster_n, padded_width(width), buffers),
+        order=(2, 1, 0, 3),
     )
     buffer = smem.allocate_tensor(Float32, layout, byte_alignment=16)
     mbar_ptr = None
     if const_expr(config.cluster_n > 1):
-        mbar_ptr = smem.allocate_array(Int64, 1, byte_alignment=8)
-        _init_cluster_barrier(mbar_ptr)
+        mbar_ptr = smem.allocate_array(Int64, buffers, byte_alignment=8)
+        _init_cluster_barriers(mbar_ptr, buffers)
     return buffer, mbar_ptr
 
 
 @cute.jit
-def _init_cluster_barrier(mbar_ptr: cute.Pointer) -> None:
+def _init_cluster_barriers(mbar_ptr: cute.Pointer, count: cutlass.Constexpr[int]) -> None:
     tidx, _, _ = cute.arch.thread_idx()
-    if tidx == 0:
-        cute.arch.mbarrier_init(mbar_ptr, 1)
+    if tidx < count:
+        cute.arch.mbarrier_init(mbar_ptr + tidx, 1)
     cute.arch.mbarrier_init_fence()
     cute.arch.cluster_arrive_relaxed()

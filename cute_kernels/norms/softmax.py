@@ -75,6 +75,7 @@ class SoftmaxFwdSm90(_RowKernel):
         cfg = self.config
         smem = cutlass.memory.SmemAllocator()
         buffer, mbar_ptr = reduction_workspace(smem, cfg, 2)
+        buffer = buffer[None, None, None, 0]
         tile, pred = self._tile_and_predicate(mX)
         copy_x = make_row_copy(mX.element_type, cfg)
         tXgX = thread_fragment(mX, copy_x, cfg, tile)
@@ -124,6 +125,7 @@ class SoftmaxBwdSm90(_RowKernel):
         cfg = self.config
         smem = cutlass.memory.SmemAllocator()
         buffer, mbar_ptr = reduction_workspace(smem, cfg, 1)
+        buffer = buffer[None, None, None, 0]
         tile, pred = self._tile_and_predicate(mY)
         copy_y, copy_dy = make_row_copy(mY.element_type, cfg), make_row_copy(mdY.element_type, cfg)
         tXgY = thread_fragment(mY, copy_y, cfg, tile)

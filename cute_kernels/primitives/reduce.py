@@ -37,25 +37,24 @@ def shuffle_combine(partial: tuple, combine: Callable, group: cutlass.Constexpr[
 def _store_remote(
     values: tuple, smem_ptr: cute.Pointer, mbar_ptr: cute.Pointer, peer: Int32
 ) -> None:
-    """``st.async`` one partial into ``peer``'s buffer, completing tx bytes on its mbarrier."""
+    """``st.async`` one partial (1, 2 or 4 Float32) into ``peer``'s buffer, completing its
+    bytes on the peer's mbarrier."""
     remote = cute.arch.map_dsmem_ptr(smem_ptr, peer).toint()
     remote_mbar = cute.arch.map_dsmem_ptr(mbar_ptr, peer).toint()
-    if const_expr(len(values) == 1):
-        cute.arch.inline_ptx(
-            "st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [{$r0}], {$r1}, [{$r2}];",
-            read_only_args=[Int32(remote), Float32(values[0]), Int32(remote_mbar)],
-        )
-    else:
-        cute.arch.inline_ptx(
-            "st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 "
-            "[{$r0}], {{$r1}, {$r2}}, [{$r3}];",
-            read_only_args=[
-                Int32(remote),
-                Float32(values[0]),
-                Float32(values[1]),
-                Int32(remote_mbar),
-            ],
-        )
+    width = const_expr(len(values))
+    vector = const_expr({1: "f32", 2: "v2.f32", 4: "v4.f32"}[width])
+    operands = const_expr(", ".join(f"{{$r{i + 1}}}" for i in range(width)))
+    operands = const_expr(operands if width == 1 else "{" + operands + "}")
+    cute.arch.inline_ptx(
+        f"st.async.shared::cluster.mbarrier::complete_tx::bytes.{vector} "
+        f"[{{$r0}}], {operands}, [{{$r{width + 1}}}];",
+        read_only_args=[Int32(remote)] + [Float32(v) for v in values] + [Int32(remote_mbar)],
+    )
+
+
+def padded_width(width: int) -> int:
+    """Entry width in the exchange buffer: st.async moves 1, 2 or 4 words."""
+    return 4 if width == 3 else width
 
 
 @cute.jit
@@ -68,12 +67,16 @@ def cross_warp_combine(
     warps_per_row: cutlass.Constexpr[int],
     cluster_n: cutlass.Constexpr[int],
     before_exchange: Callable = None,
+    phase: Int32 = 0,
 ) -> tuple:
     """Combine each warp's (already warp-reduced) partial over all warps of its row, across
     the cluster when ``cluster_n > 1``. Every thread of the row gets the result.
 
     ``before_exchange`` runs after the local write and before any remote store (the cluster
     path passes ``cluster_wait`` here so peers' barriers are known to be initialized).
+    ``phase`` is the mbarrier phase to wait for when the same barrier is used repeatedly.
+    A buffer may be written again only after every thread has read it: callers that reduce
+    repeatedly alternate between two buffers (see ``norms.rows.reduction_workspace``).
     """
     width = const_expr(len(partial))
     lane = cute.arch.lane_idx()
@@ -91,13 +94,15 @@ def cross_warp_combine(
         if warp == 0:
             with cute.arch.elect_one():
                 rows = const_expr(cute.size(buffer, mode=[0]))
-                cute.arch.mbarrier_arrive_and_expect_tx(mbar_ptr, rows * entries * width * 4)
+                stored = const_expr(padded_width(width))
+                cute.arch.mbarrier_arrive_and_expect_tx(mbar_ptr, rows * entries * stored * 4)
         if const_expr(before_exchange is not None):
             before_exchange()
         if lane < cluster_n:
             dst = buffer.iterator + cute.crd2idx((row, rank * warps_per_row + slot, 0), buffer.layout)
-            _store_remote(partial, dst, mbar_ptr, lane)
-        cute.arch.mbarrier_wait(mbar_ptr, 0)
+            padding = tuple(Float32(0.0) for _ in range(padded_width(width) - width))
+            _store_remote(tuple(partial) + padding, dst, mbar_ptr, lane)
+        cute.arch.mbarrier_wait(mbar_ptr, phase)
     result = identity
     for start in cutlass.range_constexpr(0, entries, 32):
         idx = lane + start
@@ -123,6 +128,7 @@ def row_reduce(
     mbar_ptr: cute.Pointer,
     cluster_n: cutlass.Constexpr[int],
     before_exchange: Callable = None,
+    phase: Int32 = 0,
 ) -> tuple:
     """Combine per-thread partials over the ``threads_per_row`` threads of a row (consecutive
     lanes, whole warps when more than 32) and over the cluster. All threads get the result."""
@@ -138,6 +144,7 @@ def row_reduce(
             max(threads_per_row // 32, 1),
             cluster_n,
             before_exchange,
+            phase,
         )
     return result
 
