@@ -4,6 +4,8 @@
     y = ck.softmax(x, dim=-1)
 """
 
+from .norms.modules import LayerNorm, RMSNorm
+from .norms.norm_op import layer_norm, rms_norm
 from .norms.softmax_op import softmax
 from .runtime.errors import (
     CompileError,
@@ -18,6 +20,10 @@ __version__ = "0.1.0"
 
 __all__ = [
     "softmax",
+    "rms_norm",
+    "layer_norm",
+    "RMSNorm",
+    "LayerNorm",
     "CuteKernelsError",
     "CompileError",
     "DeviceError",

@@ -19,9 +19,9 @@ from .runtime import CuteKernelsError, has_gpu, inspect_kernel
 
 
 def _families():
-    from .norms import softmax_op
+    from .norms import norm_op, softmax_op
 
-    return [softmax_op]
+    return [softmax_op, norm_op]
 
 
 def _time_ms(fn, reps: int = 20) -> float:
@@ -61,13 +61,23 @@ def run_on_gpu() -> int:
     return failures
 
 
+def _describe(config) -> str:
+    fields = []
+    for key, value in vars(config).items():
+        if hasattr(value, "__dataclass_fields__"):
+            fields.append(_describe(value))
+        elif not isinstance(value, bool) or value:
+            fields.append(key if isinstance(value, bool) else f"{key}={value}")
+    return ", ".join(fields)
+
+
 def compile_only(everything: bool) -> int:
     print("No CUDA GPU found: compiling every kernel for sm_90a and reading its PTX instead.")
     print(f"{'kernel':16s} {'config':66s} {'regs':>4s} {'spill':>5s} {'wgmma':>5s} {'tma':>5s}  secs")
     failures = 0
     for family in _families():
         for kernel, config, specs in family.compile_configurations(quick=not everything):
-            label = ", ".join(f"{k}={v}" for k, v in vars(config).items())
+            label = _describe(config)
             try:
                 report = inspect_kernel(kernel, config, specs, arch="sm_90a")
             except CuteKernelsError as exc:

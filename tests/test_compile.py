@@ -2,6 +2,7 @@
 
 import pytest
 
+from cute_kernels.norms import norm_op
 from cute_kernels.norms.softmax_op import compile_configurations as softmax_configurations
 from cute_kernels.runtime import inspect_kernel
 
@@ -12,8 +13,10 @@ ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 def _id(case):
     kernel, config, specs = case
+    rows = getattr(config, "row", config)
     dtypes = "-".join(s.dtype for s in specs if hasattr(s, "dtype"))
-    return f"{kernel.__name__}-n{config.n}-v{config.vec}-c{config.cluster_n}-{dtypes}"
+    flags = "".join(k[0] for k, v in vars(config).items() if v is True)
+    return f"{kernel.__name__}-n{rows.n}-v{rows.vec}-c{rows.cluster_n}-{flags}-{dtypes}"
 
 
 SOFTMAX = softmax_configurations()
@@ -39,3 +42,18 @@ def test_softmax_configuration_compiles_without_spills(case):
         assert "st.async.shared::cluster" in ptx and "mbarrier" in ptx
     else:
         assert "st.async" not in ptx
+
+
+NORMS = norm_op.compile_configurations()
+
+
+@pytest.mark.parametrize("case", NORMS, ids=[_id(c) for c in NORMS])
+def test_norm_configuration_compiles_without_spills(case):
+    kernel, config, specs = case
+    report = inspect_kernel(kernel, config, specs, arch="sm_90a")
+    assert not report.local_memory, f"local memory / spills: {report.summary()}"
+    rows = config.row
+    if rows.cluster_n > 1:
+        assert "st.async.shared::cluster" in report.ptx
+    if kernel.__name__ == "NormBwdSm90" and rows.vec * 2 >= 4:
+        assert "cp.async" in report.ptx, "the backward pipelines x and dy through shared memory"

@@ -53,40 +53,45 @@ class RowConfig:
 def row_config(n: int, vec: int, widest_itemsize: int, tensors_held: int = 1) -> RowConfig:
     """Choose the launch shape for rows of ``n`` elements.
 
-    ``tensors_held`` is how many row tensors each thread keeps in registers at once (1 for
-    softmax forward, 2 for backward: y and dy). Short rows share a warp between several rows;
-    rows up to 16K elements (32K for fp32 forward) fit one CTA; longer rows are split over a
-    cluster of up to 16 CTAs. A thread holds at most 128 / ``tensors_held`` elements, which
-    bounds the row length (524288 forward, 262144 backward).
+    ``tensors_held`` is how many row-sized fragments each thread keeps in registers at once
+    (1 for softmax forward; 2 for its backward, y and dy; 4 for the norm backward, which also
+    keeps the weight and the dw accumulator). A thread holds at most 128 / ``tensors_held``
+    elements of each. Short rows share a warp between several rows; rows too long for one CTA
+    of 256 threads are split over a cluster of up to 16 CTAs, which bounds the row length
+    (524288 / ``tensors_held``).
     """
     if n < 1:
         raise UnsupportedError(f"row length must be >= 1, got {n}")
-    one_cta = 16384 // tensors_held
-    # Row length -> threads per row; with two tensors held the steps come sooner so a thread
-    # never holds more than 64 elements of each.
-    steps = (3072, 6144, one_cta) if tensors_held == 1 else (2048, 4096, one_cta)
-    threads_per_row = 256
-    for limit, threads in ((64, 8), (128, 16), (steps[0], 32), (steps[1], 64), (steps[2], 128)):
-        if n <= limit:
-            threads_per_row = threads
-            break
-    # Measured on H100 (benchmarks/NOTES.md): backward runs 0.5% faster with 256-thread CTAs
-    # even for short rows; forward keeps 128 threads until a row needs more.
-    num_threads = 128 if (n <= one_cta and tensors_held == 1) else 256
-    per_cta = 32768 if (widest_itemsize >= 4 and tensors_held == 1) else 16384
-    cluster_n = next((c for c in CLUSTER_SIZES if n <= per_cta * c), CLUSTER_SIZES[-1])
-    # Forward rows that fit one CTA load a little faster through shared memory (cp.async, which
-    # needs 4-byte accesses) while the tile stays <= 32 KB; split rows and the backward load
-    # straight into registers.
-    config = RowConfig(n, vec, threads_per_row, num_threads, cluster_n)
-    tile_bytes = config.rows_per_cta * config.cols_per_cta * widest_itemsize
-    if tensors_held == 1 and cluster_n == 1 and vec * widest_itemsize >= 8 and tile_bytes <= 32768:
-        config = RowConfig(n, vec, threads_per_row, num_threads, cluster_n, stage_smem=True)
     cap = 128 // tensors_held
+    if tensors_held == 1:
+        # Measured forward table: warps share short rows, a full CTA takes long ones.
+        threads_per_row = 256
+        for limit, threads in ((64, 8), (128, 16), (3072, 32), (6144, 64), (16384, 128)):
+            if n <= limit:
+                threads_per_row = threads
+                break
+        num_threads = 128 if n <= 16384 else 256
+        per_cta = 32768 if widest_itemsize >= 4 else 16384
+    else:
+        threads_per_row = 8 if n <= 64 else 16 if n <= 128 else 32
+        while threads_per_row < 256 and n > threads_per_row * cap:
+            threads_per_row *= 2
+        # Measured on H100 (benchmarks/NOTES.md): softmax backward runs 0.5% faster with
+        # 256-thread CTAs even for short rows.
+        num_threads = 256
+        per_cta = 256 * cap
+    cluster_n = next((c for c in CLUSTER_SIZES if n <= per_cta * c), CLUSTER_SIZES[-1])
+    config = RowConfig(n, vec, threads_per_row, num_threads, cluster_n)
     if config.elems_per_thread > cap:
         longest = cap * num_threads * CLUSTER_SIZES[-1]
         raise UnsupportedError(
             f"row length {n} is longer than the {longest} elements this kernel supports "
             f"(16 CTAs x {num_threads} threads x {cap} elements)"
         )
+    # Forward rows that fit one CTA load a little faster through shared memory (cp.async, which
+    # needs 4-byte accesses) while the tile stays <= 32 KB; split rows and the backward load
+    # straight into registers.
+    tile_bytes = config.rows_per_cta * config.cols_per_cta * widest_itemsize
+    if tensors_held == 1 and cluster_n == 1 and vec * widest_itemsize >= 8 and tile_bytes <= 32768:
+        config = RowConfig(n, vec, threads_per_row, num_threads, cluster_n, stage_smem=True)
     return config

@@ -43,39 +43,46 @@ def row_specs(dtypes, n: int, vec: int) -> tuple:
 
 
 class RowKernels:
-    """The compiled kernels of one row-wise op (see the module docstring)."""
+    """The compiled kernels of one row-wise op (see the module docstring).
 
-    def __init__(self, kernel_cls: type, tensors_held: int, specs: Callable = row_specs):
-        self.kernel_cls = kernel_cls
-        self.tensors_held = tensors_held
-        self.specs = specs
+    ``build(key, vec)`` returns (kernel class, config, argument specs) for a key and a vector
+    width; the key holds everything else that decides the kernel (dtypes, N last).
+    """
+
+    def __init__(self, build: Callable):
+        self.build = build
         self.aligned: dict = {}
         self.exact: dict = {}
 
-    def __call__(self, key: tuple, rows: tuple, *args) -> None:
-        """Run the kernel for ``key`` = (dtypes..., N) on ``args``; ``rows`` are the (M, N)
-        tensors whose alignment decides the vector width."""
+    def __call__(self, key: tuple, tensors: tuple, *args) -> None:
+        """Run the kernel for ``key`` on ``args``. ``tensors`` are the (M, N) rows and (N,)
+        vectors whose alignment decides the vector width."""
         fn = self.aligned.get(key)
         if fn is not None:
             try:
                 return fn(*args)
             except ValueError:  # a pointer or stride broke the 16-byte assumption
                 pass
-        return self._exact(key, rows)(*args)
+        return self._exact(key, tensors)(*args)
 
-    def _exact(self, key: tuple, rows: tuple):
+    def _exact(self, key: tuple, tensors: tuple):
         misalignment = 0
-        for t in rows:
-            misalignment |= t.data_ptr() | t.stride(0) * ITEMSIZE[t.dtype]
+        for t in tensors:
+            misalignment |= t.data_ptr()
+            if t.dim() == 2:
+                misalignment |= t.stride(0) * ITEMSIZE[t.dtype]
         misalignment &= 15
         fn = self.exact.get(key + (misalignment,))
         if fn is None:
             n = key[-1]
-            widest = max(ITEMSIZE[t.dtype] for t in rows)
+            widest = max(ITEMSIZE[t.dtype] for t in tensors)
             vec = vector_width(n, widest, misalignment)
-            config = row_config(n, vec, widest, self.tensors_held)
-            fn = get_kernel(self.kernel_cls, config, self.specs([t.dtype for t in rows], n, vec))
+            fn = get_kernel(*self.build(key, vec))
             self.exact[key + (misalignment,)] = fn
             if vec == vector_width(n, widest, 0):
                 self.aligned[key] = fn
         return fn
+
+
+def widest_itemsize(dtypes) -> int:
+    return max(ITEMSIZE[d] for d in dtypes if d is not None)

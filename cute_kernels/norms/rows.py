@@ -40,7 +40,8 @@ def thread_fragment(mT: cute.Tensor, tiled_copy: cute.TiledCopy, config: RowConf
 
 def bounds_predicate(tXcX: cute.Tensor, m_rows, config: RowConfig) -> cute.Tensor:
     """One flag per vector of this thread's fragment: is it inside the tensor? (Its row is
-    below ``m_rows`` and, when the tile overhangs the row, its column below ``config.n``.)"""
+    below ``m_rows`` -- not checked when None -- and, when the tile overhangs the row, its
+    column below ``config.n``.)"""
     pred = cute.make_rmem_tensor(
         cute.make_layout(
             (cute.size(tXcX, mode=[0, 1]), cute.size(tXcX, mode=[1]), cute.size(tXcX, mode=[2])),
@@ -48,7 +49,7 @@ def bounds_predicate(tXcX: cute.Tensor, m_rows, config: RowConfig) -> cute.Tenso
         ),
         Boolean,
     )
-    row_ok = tXcX[0][0] < m_rows
+    row_ok = Boolean(True) if m_rows is None else tXcX[0][0] < m_rows
     for v in range(pred.shape[0]):
         for k in range(pred.shape[2]):
             if const_expr(config.even_n):
@@ -65,13 +66,32 @@ def _vector_atom(tensor: cute.Tensor) -> cute.CopyAtom:
     )
 
 
-def stage_fragment(smem, tensor: cute.Tensor, tiled_copy: cute.TiledCopy, config: RowConfig):
-    """This thread's view of a shared-memory copy of the CTA tile (for ``stage_smem``)."""
-    sT = smem.allocate_tensor(
-        tensor.element_type, cute.make_ordered_layout(cta_tiler(config), order=(1, 0)), 16
-    )
+def stage_buffer(smem, dtype, config: RowConfig, stages: int = 1) -> cute.Tensor:
+    """Shared memory for ``stages`` copies of a CTA tile: (rows_per_cta, cols_per_cta, stages)."""
+    layout = cute.make_ordered_layout(cta_tiler(config) + (stages,), order=(1, 0, 2))
+    return smem.allocate_tensor(dtype, layout, 16)
+
+
+def stage_view(sT: cute.Tensor, tiled_copy: cute.TiledCopy, stage) -> cute.Tensor:
+    """This thread's fragment of stage ``stage`` of a staging buffer."""
     tidx, _, _ = cute.arch.thread_idx()
-    return tiled_copy.get_slice(tidx).partition_D(sT)
+    return tiled_copy.get_slice(tidx).partition_D(sT[None, None, stage])
+
+
+def copy_async(tXgX: cute.Tensor, tXsX: cute.Tensor, pred: cute.Tensor) -> None:
+    """Issue cp.async of this thread's in-bounds vectors into its staged fragment (commit and
+    wait are the caller's). Vectors must be at least 4 bytes."""
+    bits = cute.size(tXgX, mode=[0, 0]) * tXgX.element_type.width
+    mode = cpasync.LoadCacheMode.GLOBAL if bits == 128 else cpasync.LoadCacheMode.ALWAYS
+    atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=mode), tXgX.element_type,
+                               num_bits_per_copy=bits)
+    cute.copy(atom, tXgX, tXsX, pred=pred)
+
+
+def read_fragment(source: cute.Tensor, tXrX: cute.Tensor, pred: cute.Tensor, fill) -> None:
+    """Registers <- ``fill``, then the in-bounds vectors of ``source`` (global or staged)."""
+    tXrX.fill(fill)
+    cute.copy(_vector_atom(source), source, tXrX, pred=pred)
 
 
 def load_fragments(pred: cute.Tensor, *loads) -> None:
@@ -81,21 +101,12 @@ def load_fragments(pred: cute.Tensor, *loads) -> None:
     thread reads back only what it copied itself, so no barrier is needed."""
     staged = [load for load in loads if load[2] is not None]
     for tXgX, _, tXsX, _ in staged:
-        bits = cute.size(tXgX, mode=[0, 0]) * tXgX.element_type.width
-        atom = cute.make_copy_atom(
-            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL if bits == 128
-                              else cpasync.LoadCacheMode.ALWAYS),
-            tXgX.element_type,
-            num_bits_per_copy=bits,
-        )
-        cute.copy(atom, tXgX, tXsX, pred=pred)
+        copy_async(tXgX, tXsX, pred)
     if staged:
         cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(0)
     for tXgX, tXrX, tXsX, fill in loads:
-        tXrX.fill(fill)
-        source = tXgX if tXsX is None else tXsX
-        cute.copy(_vector_atom(source), source, tXrX, pred=pred)
+        read_fragment(tXgX if tXsX is None else tXsX, tXrX, pred, fill)
 
 
 def store_fragment(tXrY: cute.Tensor, tXgY: cute.Tensor, pred: cute.Tensor) -> None:
@@ -127,3 +138,40 @@ def _init_cluster_barriers(mbar_ptr: cute.Pointer, count: cutlass.Constexpr[int]
         cute.arch.mbarrier_init(mbar_ptr + tidx, 1)
     cute.arch.mbarrier_init_fence()
     cute.arch.cluster_arrive_relaxed()
+
+
+class RowKernel:
+    """Launch plumbing shared by the row kernels: CTAs of ``num_threads`` threads own
+    ``rows_per_cta`` rows each, and a cluster of ``cluster_n`` CTAs (grid dim y) shares a row.
+
+    ``config`` is a :class:`RowConfig`, or a config with one in its ``row`` field.
+    """
+
+    def __init__(self, config):
+        self.config = config
+        self.rows = config if isinstance(config, RowConfig) else config.row
+
+    def _launch(self, kernel, grid_x, stream):
+        rows = self.rows
+        kernel.launch(
+            grid=[grid_x, rows.cluster_n, 1],
+            block=[rows.num_threads, 1, 1],
+            cluster=[1, rows.cluster_n, 1] if const_expr(rows.cluster_n > 1) else None,
+            stream=stream,
+        )
+
+    def _tile(self, tile_m):
+        """(row tile, column tile) of this CTA: the column tile is its rank in the cluster."""
+        if const_expr(self.rows.cluster_n > 1):
+            return (tile_m, cute.arch.block_idx()[1])
+        return (tile_m, 0)
+
+    def _coords(self, mT: cute.Tensor, tile):
+        """This thread's (row, column) coordinates in ``mT`` for the CTA tile ``tile``."""
+        coords = cute.make_identity_tensor(mT.shape)
+        return thread_fragment(coords, make_row_copy(mT.element_type, self.rows), self.rows, tile)
+
+    def _tile_and_predicate(self, mT: cute.Tensor):
+        """This CTA's tile and this thread's in-bounds flags, one per vector (one tile per CTA)."""
+        tile = self._tile(cute.arch.block_idx()[0])
+        return tile, bounds_predicate(self._coords(mT, tile), mT.shape[0], self.rows)

@@ -27,48 +27,23 @@ from ..primitives.reduce import LOG2_E, add, maximum, row_reduce, shuffle_combin
 from ..primitives.reduce import cross_warp_combine
 from .config import RowConfig
 from .rows import (
-    bounds_predicate,
+    RowKernel,
     load_fragments,
     make_row_copy,
     reduction_workspace,
-    stage_fragment,
+    stage_buffer,
+    stage_view,
     store_fragment,
     thread_fragment,
 )
 
 
-class _RowKernel:
-    """Launch plumbing shared by the softmax kernels: one CTA per ``rows_per_cta`` rows and
-    cluster rank, a cluster of ``cluster_n`` CTAs along the row."""
-
-    def __init__(self, config: RowConfig):
-        self.config = config
-
-    def _launch(self, kernel, m_rows, stream):
-        cfg = self.config
-        kernel.launch(
-            grid=[cute.ceil_div(m_rows, cfg.rows_per_cta), cfg.cluster_n, 1],
-            block=[cfg.num_threads, 1, 1],
-            cluster=[1, cfg.cluster_n, 1] if const_expr(cfg.cluster_n > 1) else None,
-            stream=stream,
-        )
-
-    def _tile_and_predicate(self, mT: cute.Tensor):
-        """This CTA's tile coordinate and this thread's in-bounds flags, one per vector."""
-        cfg = self.config
-        bidx, crank, _ = cute.arch.block_idx()
-        tile = (bidx, crank if const_expr(cfg.cluster_n > 1) else 0)
-        coords = cute.make_identity_tensor(mT.shape)
-        tXcX = thread_fragment(coords, make_row_copy(mT.element_type, cfg), cfg, tile)
-        return tile, bounds_predicate(tXcX, mT.shape[0], cfg)
-
-
-class SoftmaxFwdSm90(_RowKernel):
+class SoftmaxFwdSm90(RowKernel):
     """y = softmax(x) along the last dim. See the module docstring."""
 
     @cute.jit
     def __call__(self, mX: cute.Tensor, mY: cute.Tensor, stream):
-        self._launch(self.kernel(mX, mY), mX.shape[0], stream)
+        self._launch(self.kernel(mX, mY), cute.ceil_div(mX.shape[0], self.rows.rows_per_cta), stream)
 
     @cute.kernel
     def kernel(self, mX: cute.Tensor, mY: cute.Tensor):
@@ -81,7 +56,9 @@ class SoftmaxFwdSm90(_RowKernel):
         tXgX = thread_fragment(mX, copy_x, cfg, tile)
         tXgY = thread_fragment(mY, make_row_copy(mY.element_type, cfg), cfg, tile)
         tXrX = cute.make_rmem_tensor_like(tXgX)
-        tXsX = stage_fragment(smem, mX, copy_x, cfg) if const_expr(cfg.stage_smem) else None
+        tXsX = None
+        if const_expr(cfg.stage_smem):
+            tXsX = stage_view(stage_buffer(smem, mX.element_type, cfg), copy_x, 0)
         load_fragments(pred, (tXgX, tXrX, tXsX, -mX.element_type.inf))
         x = tXrX.load().to(Float32)
 
@@ -113,12 +90,14 @@ class SoftmaxFwdSm90(_RowKernel):
         store_fragment(tXrY, tXgY, pred)
 
 
-class SoftmaxBwdSm90(_RowKernel):
+class SoftmaxBwdSm90(RowKernel):
     """dx = y * (dy - sum(dy * y)) along the last dim. See the module docstring."""
 
     @cute.jit
     def __call__(self, mY: cute.Tensor, mdY: cute.Tensor, mdX: cute.Tensor, stream):
-        self._launch(self.kernel(mY, mdY, mdX), mY.shape[0], stream)
+        self._launch(
+            self.kernel(mY, mdY, mdX), cute.ceil_div(mY.shape[0], self.rows.rows_per_cta), stream
+        )
 
     @cute.kernel
     def kernel(self, mY: cute.Tensor, mdY: cute.Tensor, mdX: cute.Tensor):
@@ -135,8 +114,8 @@ class SoftmaxBwdSm90(_RowKernel):
         tXrdY = cute.make_rmem_tensor_like(tXgdY)
         tXsY, tXsdY = None, None
         if const_expr(cfg.stage_smem):
-            tXsY = stage_fragment(smem, mY, copy_y, cfg)
-            tXsdY = stage_fragment(smem, mdY, copy_dy, cfg)
+            tXsY = stage_view(stage_buffer(smem, mY.element_type, cfg), copy_y, 0)
+            tXsdY = stage_view(stage_buffer(smem, mdY.element_type, cfg), copy_dy, 0)
         load_fragments(
             pred, (tXgY, tXrY, tXsY, mY.element_type(0)), (tXgdY, tXrdY, tXsdY, mdY.element_type(0))
         )

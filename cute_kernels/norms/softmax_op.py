@@ -12,14 +12,24 @@ import torch
 from ..runtime import DeviceError, DTypeError, UnsupportedError, kernel_op
 from ..runtime.errors import describe
 from .config import row_config
-from .dispatch import ITEMSIZE, RowKernels, row_specs, vector_width
+from .dispatch import ITEMSIZE, RowKernels, row_specs, vector_width, widest_itemsize
 from .softmax import SoftmaxBwdSm90, SoftmaxFwdSm90
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_ROW_LENGTH = 524288  # forward; half of it when a gradient is needed (config.row_config)
 
-_forward_kernels = RowKernels(SoftmaxFwdSm90, tensors_held=1)
-_backward_kernels = RowKernels(SoftmaxBwdSm90, tensors_held=2)
+def _build(kernel_cls, tensors_held):
+    def build(key, vec):
+        dtypes, n = key[:-1], key[-1]
+        config = row_config(n, vec, widest_itemsize(dtypes), tensors_held)
+        return kernel_cls, config, row_specs(dtypes, n, vec)
+
+    build.kernel_cls, build.tensors_held = kernel_cls, tensors_held
+    return build
+
+
+_forward_kernels = RowKernels(_build(SoftmaxFwdSm90, tensors_held=1))
+_backward_kernels = RowKernels(_build(SoftmaxBwdSm90, tensors_held=2))
 
 
 @kernel_op("softmax_fwd", mutates_args=("y",))
@@ -159,7 +169,7 @@ def compile_configurations(quick: bool = False):
     found = {}
     lengths = SAMPLE_ROW_LENGTHS if not quick else (7, 1128, 4096, 65536, 262144)
     for kernels, mixes in ((_forward_kernels, _FORWARD_DTYPES), (_backward_kernels, _BACKWARD_DTYPES)):
-        held = kernels.tensors_held
+        held = kernels.build.tensors_held
         for dtypes in mixes[:1] if quick else mixes:
             widest = max(ITEMSIZE[d] for d in dtypes)
             for n in lengths:
@@ -168,10 +178,7 @@ def compile_configurations(quick: bool = False):
                 top = vector_width(n, widest, 0)
                 vecs = [top] if quick or n != 4096 else [v for v in (1, 2, 4, 8) if v <= top]
                 for vec in vecs:
-                    config = row_config(n, vec, widest, tensors_held=held)
-                    found[(kernels.kernel_cls, config, dtypes)] = (
-                        kernels.kernel_cls, config, row_specs(dtypes, n, vec)
-                    )
+                    found[(held, vec, n, dtypes)] = kernels.build(dtypes + (n,), vec)
     return list(found.values())
 
 

@@ -1,3 +1,4 @@
 """Plain-torch float64 references, shared by tests, benchmarks and the self-check."""
 
+from .norms import layer_norm_ref, rms_norm_ref
 from .softmax import softmax_backward_ref, softmax_ref

@@ -101,7 +101,9 @@ def _fake_args(specs: tuple) -> list:
 
     args = []
     for spec in specs:
-        if isinstance(spec, TensorSpec):
+        if spec is None:  # an optional tensor left out: the kernel is compiled without it
+            args.append(None)
+        elif isinstance(spec, TensorSpec):
             shape = tuple(sym(d, 32) if isinstance(d, Sym) else d for d in spec.shape)
             stride = tuple(sym(s, 64) if isinstance(s, Sym) else s for s in spec.stride)
             args.append(

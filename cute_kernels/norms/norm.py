@@ -1,0 +1,298 @@
+"""RMSNorm and LayerNorm over the last dim of a (M, N) tensor, forward and backward, for
+Hopper (sm_90a).
+
+Forward, per row (math in fp32, the row read once into registers):
+    h = x (+ residual, stored as the residual output)
+    RMSNorm:   rstd = 1 / sqrt(mean(h^2) + eps),        y = h * rstd * w
+    LayerNorm: mean = mean(h), rstd = 1 / sqrt(mean((h - mean)^2) + eps),
+               y = (h - mean) * rstd * w + b
+rstd (and mean) are stored for the backward, fp32.
+
+Backward, with xhat = (h - mean) * rstd and g = dy * w:
+    dx = rstd * (g - xhat * mean(xhat * g) - mean(g))   (the mean(g) term for LayerNorm only)
+       + dh_out (the gradient reaching the residual output, when there is one)
+    dw = sum over rows of dy * xhat,   db = sum over rows of dy
+The backward grid is persistent: ``num_ctas`` CTAs walk the row tiles, each accumulating its
+dw / db in registers, then writing one fp32 partial row; the op sums the partials (a fixed
+order: results are deterministic, no atomics).
+
+Dtypes: x, residual, y, dy, dx in float32, float16 or bfloat16; w, b in any of those.
+
+Constraints:
+  - last dim contiguous; row strides and pointers divisible by ``vec`` elements
+  - N static per compiled kernel, M dynamic; N <= 524288 forward, 262144 backward
+  - w and b have N contiguous elements
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Boolean, Float32, Int32, const_expr
+
+from ..primitives.reduce import add, row_reduce
+from .config import RowConfig
+from .rows import (
+    RowKernel,
+    bounds_predicate,
+    copy_async,
+    load_fragments,
+    make_row_copy,
+    read_fragment,
+    reduction_workspace,
+    stage_buffer,
+    stage_view,
+    store_fragment,
+    thread_fragment,
+)
+
+
+@dataclass(frozen=True)
+class NormConfig:
+    row: RowConfig
+    layer_norm: bool  # subtract the mean (LayerNorm) or not (RMSNorm)
+    weight: bool
+    bias: bool
+    residual: bool  # forward: add a residual and store the sum; backward: add its gradient
+    weight_grad: bool = False  # backward: write dw partials (bias: write db partials)
+
+
+def _add2(a: tuple, b: tuple) -> tuple:
+    return (a[0] + b[0], a[1] + b[1])
+
+
+class _NormKernel(RowKernel):
+    def _broadcast_row(self, mW: cute.Tensor) -> cute.Tensor:
+        """A (rows_per_cta, N) view of the (N,) vector ``mW`` with row stride 0."""
+        layout = cute.prepend(mW.layout, cute.make_layout(self.rows.rows_per_cta, stride=0))
+        return cute.make_tensor(mW.iterator, layout)
+
+    def _load_vector(self, mW: cute.Tensor, tile):
+        """This thread's slice of a per-column vector (weight or bias), as fp32."""
+        rows = self.rows
+        mW2 = self._broadcast_row(mW)
+        copy = make_row_copy(mW.element_type, rows)
+        tWgW = thread_fragment(mW2, copy, rows, (0, tile[1]))
+        coords = thread_fragment(cute.make_identity_tensor(mW2.shape), copy, rows, (0, tile[1]))
+        tWrW = cute.make_rmem_tensor_like(tWgW)
+        load_fragments(bounds_predicate(coords, None, rows), (tWgW, tWrW, None, mW.element_type(0)))
+        return tWrW.load().to(Float32)
+
+    def _fragment(self, mT: cute.Tensor, tile):
+        if const_expr(mT is None):
+            return None
+        return thread_fragment(mT, make_row_copy(mT.element_type, self.rows), self.rows, tile)
+
+
+class NormFwdSm90(_NormKernel):
+    """RMSNorm / LayerNorm forward. See the module docstring."""
+
+    @cute.jit
+    def __call__(self, mX, mR, mW, mB, mY, mH, mRstd, mMean, eps: Float32, stream):
+        grid_x = cute.ceil_div(mX.shape[0], self.rows.rows_per_cta)
+        self._launch(self.kernel(mX, mR, mW, mB, mY, mH, mRstd, mMean, eps), grid_x, stream)
+
+    @cute.kernel
+    def kernel(self, mX, mR, mW, mB, mY, mH, mRstd, mMean, eps: Float32):
+        cfg, rows = self.config, self.rows
+        smem = cutlass.memory.SmemAllocator()
+        buffer, mbar_ptr = reduction_workspace(smem, rows, 1, 2)
+        tile, pred = self._tile_and_predicate(mX)
+        tXgX, tXgR = self._fragment(mX, tile), self._fragment(mR, tile)
+        tXrX = cute.make_rmem_tensor_like(tXgX)
+        tXsX = tXsR = None
+        if const_expr(rows.stage_smem):
+            tXsX = stage_view(stage_buffer(smem, mX.element_type, rows), make_row_copy(mX.element_type, rows), 0)
+        loads = [(tXgX, tXrX, tXsX, mX.element_type(0))]
+        if const_expr(cfg.residual):
+            tXrR = cute.make_rmem_tensor_like(tXgR)
+            if const_expr(rows.stage_smem):
+                tXsR = stage_view(stage_buffer(smem, mR.element_type, rows), make_row_copy(mR.element_type, rows), 0)
+            loads.append((tXgR, tXrR, tXsR, mR.element_type(0)))
+        load_fragments(pred, *loads)
+        h = tXrX.load().to(Float32)
+        if const_expr(cfg.residual):
+            h = h + tXrR.load().to(Float32)
+            tXgH = self._fragment(mH, tile)
+            tXrH = cute.make_rmem_tensor_like(tXgH)
+            tXrH.store(h.to(mH.element_type))
+            store_fragment(tXrH, tXgH, pred)
+
+        wait = cute.arch.cluster_wait if const_expr(rows.cluster_n > 1) else None
+        inv_n = 1.0 / rows.n
+        mean = Float32(0.0)
+        if const_expr(cfg.layer_norm):
+            (total,) = row_reduce(
+                (h.reduce(cute.ReductionOp.ADD, Float32(0.0), 0),), add, (Float32(0.0),),
+                rows.threads_per_row, buffer[None, None, None, 0],
+                mbar_ptr, rows.cluster_n, wait,
+            )
+            mean = total * inv_n
+            h = h - mean
+            wait = None
+        (squares,) = row_reduce(
+            ((h * h).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),), add, (Float32(0.0),),
+            rows.threads_per_row, buffer[None, None, None, 1],
+            mbar_ptr + 1 if const_expr(rows.cluster_n > 1) else None, rows.cluster_n, wait,
+        )
+        if const_expr(cfg.layer_norm):
+            # Padding columns were loaded as 0, so each added (0 - mean)^2: take them out.
+            padding = rows.cols_per_cta * rows.cluster_n - rows.n
+            squares = squares - padding * mean * mean
+        rstd = cute.math.rsqrt(squares * inv_n + eps, fastmath=True)
+        y = h * rstd
+        if const_expr(cfg.weight):
+            y = y * self._load_vector(mW, tile)
+        if const_expr(cfg.bias):
+            y = y + self._load_vector(mB, tile)
+        tXgY = self._fragment(mY, tile)
+        tXrY = cute.make_rmem_tensor_like(tXgY)
+        tXrY.store(y.to(mY.element_type))
+        store_fragment(tXrY, tXgY, pred)
+        self._store_row_stats(mX, tile, rstd, mean, mRstd, mMean)
+
+    @cute.jit
+    def _store_row_stats(self, mX, tile, rstd, mean, mRstd, mMean):
+        coords = self._coords(mX, tile)
+        row, col = coords[0][0], coords[0][1]
+        if col == 0 and row < mX.shape[0]:  # the thread holding the row's first column
+            mRstd[row] = rstd
+            if const_expr(self.config.layer_norm):
+                mMean[row] = mean
+
+
+class NormBwdSm90(_NormKernel):
+    """RMSNorm / LayerNorm backward with per-CTA dw / db partials. See the module docstring.
+
+    Persistent loop over row tiles. When vectors are at least 4 bytes, x and dy go through a
+    two-stage shared-memory pipeline: while tile k is computed, tile k + num_ctas is already
+    in flight (cp.async; each thread copies and reads back only its own vectors, so no barrier
+    is needed), and x, dy are read again from shared memory after the row reduction instead of
+    being kept in registers across it.
+    """
+
+    @cute.jit
+    def __call__(self, mX, mW, mdY, mRstd, mMean, mdH, mdX, mdW, mdB, num_ctas: Int32, stream):
+        self._launch(
+            self.kernel(mX, mW, mdY, mRstd, mMean, mdH, mdX, mdW, mdB, num_ctas), num_ctas, stream
+        )
+
+    @cute.kernel
+    def kernel(self, mX, mW, mdY, mRstd, mMean, mdH, mdX, mdW, mdB, num_ctas: Int32):
+        cfg, rows = self.config, self.rows
+        staged = const_expr(rows.vec * min(mX.element_type.width, mdY.element_type.width) >= 32)
+        smem = cutlass.memory.SmemAllocator()
+        buffer, mbar_ptr = reduction_workspace(smem, rows, 2 if const_expr(cfg.layer_norm) else 1, 2)
+        copy_x, copy_dy = make_row_copy(mX.element_type, rows), make_row_copy(mdY.element_type, rows)
+        sX = sdY = None
+        if const_expr(staged):
+            sX = stage_buffer(smem, mX.element_type, rows, 2)
+            sdY = stage_buffer(smem, mdY.element_type, rows, 2)
+        bidx = cute.arch.block_idx()[0]
+        first = self._tile(bidx)
+        w = self._load_vector(mW, first) if const_expr(cfg.weight) else None
+        dw_acc = cute.make_rmem_tensor_like(self._fragment(mX, first), Float32)
+        dw_acc.fill(0.0)
+        db_acc = cute.make_rmem_tensor_like(self._fragment(mX, first), Float32)
+        db_acc.fill(0.0)
+        m_rows = mX.shape[0]
+        num_tiles = cute.ceil_div(m_rows, rows.rows_per_cta)
+        if const_expr(staged):
+            self._prefetch(mX, mdY, sX, sdY, copy_x, copy_dy, bidx, 0)
+        if const_expr(rows.cluster_n > 1):
+            cute.arch.cluster_wait()  # peers' exchange barriers are initialized from here on
+        step = Int32(0)
+        for tile_m in cutlass.range(bidx, num_tiles, num_ctas, unroll=1):
+            stage = step % 2
+            if const_expr(staged):
+                self._prefetch(mX, mdY, sX, sdY, copy_x, copy_dy, tile_m + num_ctas, 1 - stage)
+                cute.arch.cp_async_wait_group(1)
+            tile = self._tile(tile_m)
+            coords = self._coords(mX, tile)
+            pred = bounds_predicate(coords, m_rows, rows)
+            row = coords[0][0]
+            rstd, mean = Float32(0.0), Float32(0.0)
+            if row < m_rows:
+                rstd = mRstd[row]
+                if const_expr(cfg.layer_norm):
+                    mean = mMean[row]
+            srcX, srcdY = self._fragment(mX, tile), self._fragment(mdY, tile)
+            if const_expr(staged):
+                srcX, srcdY = stage_view(sX, copy_x, stage), stage_view(sdY, copy_dy, stage)
+            xhat, dy = self._read_xhat_dy(srcX, srcdY, pred, mean, rstd)
+            g = dy * w if const_expr(cfg.weight) else dy
+            mbar = mbar_ptr + stage if const_expr(rows.cluster_n > 1) else None
+            partial = ((xhat * g).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),)
+            if const_expr(cfg.layer_norm):
+                partial = partial + (g.reduce(cute.ReductionOp.ADD, Float32(0.0), 0),)
+            sums = row_reduce(
+                partial, _add2 if const_expr(cfg.layer_norm) else add,
+                tuple(Float32(0.0) for _ in partial), rows.threads_per_row,
+                buffer[None, None, None, stage], mbar, rows.cluster_n, None, (step // 2) % 2,
+            )
+            if const_expr(staged):  # read again rather than hold x and dy across the reduction
+                xhat, dy = self._read_xhat_dy(srcX, srcdY, pred, mean, rstd)
+                g = dy * w if const_expr(cfg.weight) else dy
+            dx = g - xhat * (sums[0] * (1.0 / rows.n))
+            if const_expr(cfg.layer_norm):
+                dx = dx - sums[1] * (1.0 / rows.n)
+            dx = dx * rstd
+            tXgdX = self._fragment(mdX, tile)
+            if const_expr(cfg.residual):
+                tXgdH = self._fragment(mdH, tile)
+                tXrdH = cute.make_rmem_tensor_like(tXgdH)
+                read_fragment(tXgdH, tXrdH, pred, mdH.element_type(0))
+                dx = dx + tXrdH.load().to(Float32)
+            tXrdX = cute.make_rmem_tensor_like(tXgdX)
+            tXrdX.store(dx.to(mdX.element_type))
+            store_fragment(tXrdX, tXgdX, pred)
+            if const_expr(cfg.weight_grad):
+                dw_acc.store(dw_acc.load() + dy * xhat)
+            if const_expr(cfg.bias):
+                db_acc.store(db_acc.load() + dy)
+            step += 1
+        if const_expr(cfg.weight_grad):
+            self._store_partial(smem, dw_acc, mdW, first)
+        if const_expr(cfg.bias):
+            self._store_partial(smem, db_acc, mdB, first)
+
+    def _prefetch(self, mX, mdY, sX, sdY, copy_x, copy_dy, tile_m, stage):
+        """Start copying row tile ``tile_m`` of x and dy into ``stage`` (rows past the end are
+        skipped by the predicate) and commit the group."""
+        tile = self._tile(tile_m)
+        pred = bounds_predicate(self._coords(mX, tile), mX.shape[0], self.rows)
+        copy_async(self._fragment(mX, tile), stage_view(sX, copy_x, stage), pred)
+        copy_async(self._fragment(mdY, tile), stage_view(sdY, copy_dy, stage), pred)
+        cute.arch.cp_async_commit_group()
+
+    def _read_xhat_dy(self, srcX, srcdY, pred, mean, rstd):
+        tXrX = cute.make_rmem_tensor_like(srcX)
+        tXrdY = cute.make_rmem_tensor_like(srcdY)
+        read_fragment(srcX, tXrX, pred, srcX.element_type(0))
+        read_fragment(srcdY, tXrdY, pred, srcdY.element_type(0))
+        return (tXrX.load().to(Float32) - mean) * rstd, tXrdY.load().to(Float32)
+
+    @cute.jit
+    def _store_partial(self, smem, acc: cute.Tensor, mPart: cute.Tensor, tile):
+        """Sum this CTA's per-row accumulators over its rows and write one fp32 row of
+        ``mPart`` (num_ctas, N) at this CTA's row, its cluster rank's columns."""
+        rows = self.rows
+        sAcc = smem.allocate_tensor(
+            Float32, cute.make_ordered_layout((rows.rows_per_cta, rows.cols_per_cta), order=(1, 0)), 16
+        )
+        tidx = cute.arch.thread_idx()[0]
+        thr = make_row_copy(cutlass.BFloat16, rows).get_slice(tidx)  # layout only: any dtype
+        cute.arch.barrier()
+        cute.autovec_copy(acc, thr.partition_D(sAcc))
+        cute.arch.barrier()
+        col0 = tile[1] * rows.cols_per_cta
+        bidx = cute.arch.block_idx()[0]
+        for c in cutlass.range_constexpr(0, rows.cols_per_cta, rows.num_threads):
+            col = c + tidx
+            if col < rows.cols_per_cta and col0 + col < rows.n:
+                total = Float32(0.0)
+                for r in cutlass.range_constexpr(rows.rows_per_cta):
+                    total += sAcc[r, col]
+                mPart[bidx, col0 + col] = total

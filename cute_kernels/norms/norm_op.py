@@ -1,0 +1,305 @@
+"""``rms_norm`` and ``layer_norm``: torch-facing ops, custom ops and autograd."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from ..runtime import DeviceError, DTypeError, ScalarSpec, Sym, TensorSpec, UnsupportedError, kernel_op
+from ..runtime.dtypes import dtype_name
+from ..runtime.errors import describe
+from .config import row_config
+from .dispatch import ITEMSIZE, RowKernels, row_specs, vector_width, widest_itemsize
+from .norm import NormBwdSm90, NormConfig, NormFwdSm90
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+BACKWARD_HELD = 4  # x, dy, weight and the dw accumulator per thread (config.row_config)
+
+
+def _vector_spec(dtype, n, vec):
+    return None if dtype is None else TensorSpec(dtype_name(dtype), (n,), (1,), vec * ITEMSIZE[dtype])
+
+
+_STAT = TensorSpec("float32", (Sym("m"),), (1,), 4)
+_PARTIAL = TensorSpec("float32", (Sym("ctas"), Sym("n_partial")), (Sym(), 1), 4)
+
+
+def _build_forward(key, vec):
+    x_t, r_t, w_t, b_t, y_t, h_t, layer_norm, n = key
+    rows = row_config(n, vec, widest_itemsize((x_t, r_t, y_t, h_t, w_t, b_t)), tensors_held=1)
+    config = NormConfig(rows, layer_norm, w_t is not None, b_t is not None, r_t is not None)
+    x, r, y, h = (None if d is None else row_specs((d,), n, vec)[0] for d in (x_t, r_t, y_t, h_t))
+    specs = (x, r, _vector_spec(w_t, n, vec), _vector_spec(b_t, n, vec), y, h, _STAT,
+             _STAT if layer_norm else None, ScalarSpec("float32"), row_specs((), n, vec)[-1])
+    return NormFwdSm90, config, specs
+
+
+def _build_backward(key, vec):
+    x_t, w_t, dy_t, dh_t, dx_t, layer_norm, weight_grad, bias, n = key
+    widest = widest_itemsize((x_t, w_t, dy_t, dh_t, dx_t))
+    rows = row_config(n, vec, widest, tensors_held=BACKWARD_HELD)
+    config = NormConfig(rows, layer_norm, w_t is not None, bias, dh_t is not None, weight_grad)
+    x, dy, dh, dx = (None if d is None else row_specs((d,), n, vec)[0] for d in (x_t, dy_t, dh_t, dx_t))
+    specs = (x, _vector_spec(w_t, n, vec), dy, _STAT, _STAT if layer_norm else None, dh, dx,
+             _PARTIAL if weight_grad else None, _PARTIAL if bias else None,
+             ScalarSpec("int32"), row_specs((), n, vec)[-1])
+    return NormBwdSm90, config, specs
+
+
+_forward_kernels = RowKernels(_build_forward)
+_backward_kernels = RowKernels(_build_backward)
+
+
+def _dtype(t):
+    return None if t is None else t.dtype
+
+
+@kernel_op(
+    "norm_fwd",
+    mutates_args=("y", "h", "rstd", "mean"),
+    schema="(Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, Tensor(a!) y, "
+    "Tensor(b!)? h, Tensor(c!) rstd, Tensor(d!)? mean, float eps, bool layer_norm) -> ()",
+)
+def norm_fwd(x, residual, weight, bias, y, h, rstd, mean, eps: float, layer_norm: bool) -> None:
+    """y, h (= x + residual), rstd, mean of (M, N) rows. Last dims contiguous; M >= 1."""
+    key = (x.dtype, _dtype(residual), _dtype(weight), _dtype(bias), y.dtype, _dtype(h),
+           layer_norm, x.shape[1])
+    tensors = tuple(t for t in (x, residual, weight, bias, y, h) if t is not None)
+    _forward_kernels(key, tensors, x, residual, weight, bias, y, h, rstd, mean, eps)
+
+
+@kernel_op(
+    "norm_bwd",
+    mutates_args=("dx", "dw_partial", "db_partial"),
+    schema="(Tensor x, Tensor? weight, Tensor dy, Tensor rstd, Tensor? mean, Tensor? dh, "
+    "Tensor(a!) dx, Tensor(b!)? dw_partial, Tensor(c!)? db_partial, bool layer_norm) -> ()",
+)
+def norm_bwd(x, weight, dy, rstd, mean, dh, dx, dw_partial, db_partial, layer_norm: bool) -> None:
+    """dx and per-CTA dw / db partials (num_ctas, N) fp32 for (M, N) rows; M >= 1."""
+    key = (x.dtype, _dtype(weight), dy.dtype, _dtype(dh), dx.dtype, layer_norm,
+           dw_partial is not None, db_partial is not None, x.shape[1])
+    tensors = tuple(t for t in (x, weight, dy, dh, dx) if t is not None)
+    num_ctas = _num_ctas(x, weight, db_partial is not None, dw_partial, db_partial)
+    _backward_kernels(key, tensors, x, weight, dy, rstd, mean, dh, dx, dw_partial, db_partial,
+                      num_ctas)
+
+
+def _num_ctas(x, weight, bias, dw_partial, db_partial) -> int:
+    if dw_partial is not None:
+        return dw_partial.shape[0]
+    if db_partial is not None:
+        return db_partial.shape[0]
+    return backward_grid(x.shape[0], x.shape[1], x.device)
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def backward_grid(m: int, n: int, device: torch.device) -> int:
+    """CTAs along M for the persistent backward: one 256-thread CTA per SM (the kernel needs
+    more than 128 registers per thread), never more than there are row tiles."""
+    rows = row_config(n, 1, 4, tensors_held=BACKWARD_HELD)
+    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    tiles = -(-m // rows.rows_per_cta)
+    return max(1, min(tiles, sms // rows.cluster_n))
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check_tensor(name, t, x=None, shape=None):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cuda":
+        raise DeviceError(f"{name} must be a CUDA tensor, got device {t.device} ({describe(t)})")
+    if t.dtype not in FLOAT_DTYPES:
+        raise DTypeError(f"{name} has dtype {t.dtype}; supported: float32, float16, bfloat16")
+    if x is not None and t.device != x.device:
+        raise DeviceError(f"{name} is on {t.device} but x is on {x.device}")
+    if shape is not None and tuple(t.shape) != tuple(shape):
+        raise UnsupportedError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
+
+
+def _validate(x, weight, bias, residual, eps, out_dtype) -> int:
+    """Check the arguments; return N, the number of normalized elements per row."""
+    _check_tensor("x", x)
+    if x.dim() == 0:
+        raise UnsupportedError("x must have at least one dim (the normalized one)")
+    affine = weight if weight is not None else bias
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is None:
+            continue
+        _check_tensor(name, t, x)
+        if t.dim() == 0 or t.dim() > x.dim() or tuple(x.shape[x.dim() - t.dim():]) != tuple(t.shape):
+            raise UnsupportedError(
+                f"{name} of shape {tuple(t.shape)} must match the trailing dims of x {tuple(x.shape)}"
+            )
+    if weight is not None and bias is not None and weight.shape != bias.shape:
+        raise UnsupportedError(f"weight {tuple(weight.shape)} and bias {tuple(bias.shape)} differ")
+    if residual is not None:
+        _check_tensor("residual", residual, x, x.shape)
+    if out_dtype is not None and out_dtype not in FLOAT_DTYPES:
+        raise DTypeError(f"out_dtype={out_dtype} is not supported; use float32, float16 or bfloat16")
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
+        raise UnsupportedError(f"eps must be a float >= 0, got {eps!r}")
+    return x.shape[-1] if affine is None else affine.numel()
+
+
+def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """``t`` as (M, n) rows with a contiguous last dim (a view when possible)."""
+    if t.stride(-1) != 1:
+        t = t.contiguous()
+    return t.reshape(-1, n)
+
+
+class _Norm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, residual, eps, layer_norm, out_dtype, n):
+        x2 = _rows(x, n)
+        w = None if weight is None else weight.reshape(n)
+        b = None if bias is None else bias.reshape(n)
+        r2 = None if residual is None else _rows(residual, n)
+        m = x2.shape[0]
+        y = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
+        h = None if r2 is None else torch.empty((m, n), dtype=residual.dtype, device=x.device)
+        rstd = torch.empty(m, dtype=torch.float32, device=x.device)
+        mean = torch.empty(m, dtype=torch.float32, device=x.device) if layer_norm else None
+        if m:
+            norm_fwd(x2, r2, w, b, y, h, rstd, mean, float(eps), layer_norm)
+        ctx.save_for_backward(x2 if h is None else h, w, rstd, mean)
+        ctx.layer_norm, ctx.n = layer_norm, n
+        ctx.bias = None if bias is None else (bias.shape, bias.dtype)
+        ctx.shapes = (x.shape, x.dtype, None if weight is None else weight.shape,
+                      None if residual is None else residual.dtype)
+        y = y.view(x.shape)
+        return y, (None if h is None else h.view(x.shape))
+
+    @staticmethod
+    def backward(ctx, dy, dh):
+        x2, w, rstd, mean = ctx.saved_tensors
+        x_shape, x_dtype, w_shape, r_dtype = ctx.shapes
+        dh2 = None if dh is None or r_dtype is None else _rows(dh, ctx.n)
+        need_dw = w is not None and ctx.needs_input_grad[1]
+        need_db = ctx.bias is not None and ctx.needs_input_grad[2]
+        dx, dw, db = norm_backward(x2, w, _rows(dy, ctx.n), rstd, mean, dh2, ctx.layer_norm,
+                                   need_dw, need_db, x_dtype)
+        dweight = None if dw is None else dw.to(w.dtype).view(w_shape)
+        dbias = None if db is None else db.to(ctx.bias[1]).view(ctx.bias[0])
+        dx = dx.view(x_shape)
+        dresidual = None
+        if r_dtype is not None and ctx.needs_input_grad[3]:
+            dresidual = dx if r_dtype == x_dtype else dx.to(r_dtype)
+        return dx, dweight, dbias, dresidual, None, None, None, None
+
+
+def norm_backward(x, weight, dy, rstd, mean, dh, layer_norm, need_dw, need_db, dx_dtype=None):
+    """Backward of the (M, N) row norm: (dx, dw fp32 or None, db fp32 or None).
+    ``x`` is the normalized input (``x + residual`` when there was one)."""
+    m, n = x.shape
+    dx = torch.empty((m, n), dtype=dx_dtype or x.dtype, device=x.device)
+    ctas = backward_grid(m, n, x.device) if m else 0
+    dw_part = torch.empty((ctas, n), dtype=torch.float32, device=x.device) if need_dw else None
+    db_part = torch.empty((ctas, n), dtype=torch.float32, device=x.device) if need_db else None
+    if m:
+        norm_bwd(x, weight, dy, rstd, mean, dh, dx, dw_part, db_part, layer_norm)
+    dw = None if dw_part is None else dw_part.sum(0)
+    db = None if db_part is None else db_part.sum(0)
+    return dx, dw, db
+
+
+def _norm(x, weight, bias, residual, eps, layer_norm, out_dtype):
+    n = _validate(x, weight, bias, residual, eps, out_dtype)
+    if x.numel():
+        held = BACKWARD_HELD if _needs_grad(x, weight, bias, residual) else 1
+        row_config(n, 1, 4, tensors_held=held)  # refuse a row too long before running anything
+    y, h = _Norm.apply(x, weight, bias, residual, eps, layer_norm, out_dtype, n)
+    return y if residual is None else (y, h)
+
+
+def _needs_grad(*tensors) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def rms_norm(x, weight=None, eps: float = 1e-6, residual=None, out_dtype=None):
+    """RMSNorm over the trailing dims that ``weight`` covers (the last dim without a weight).
+
+    ``y = h / sqrt(mean(h^2) + eps) * weight`` with ``h = x + residual`` (or ``x``).
+
+    Args:
+        x: CUDA tensor, float32 / float16 / bfloat16.
+        weight: optional, shaped like x's trailing dims; x's dtype or another float dtype.
+        eps: added to the mean square.
+        residual: optional, x's shape; when given the result is ``(y, h)`` with ``h`` in the
+            residual's dtype (pre-norm residual streams), and gradients flow through both.
+        out_dtype: dtype of y (default x's).
+
+    Constraints:
+      - normalized size N up to 524288 without gradients, 131072 with
+      - fp32 statistics and math; the weight gradient is summed from per-CTA partials in a
+        fixed order (deterministic run to run)
+      - a non-contiguous last dim costs a copy
+    """
+    return _norm(x, weight, None, residual, eps, False, out_dtype)
+
+
+def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, residual=None, out_dtype=None):
+    """LayerNorm over the trailing dims that ``weight`` / ``bias`` cover (the last dim without).
+
+    ``y = (h - mean(h)) / sqrt(var(h) + eps) * weight + bias`` with ``h = x + residual``.
+    Same arguments and constraints as :func:`rms_norm`, plus ``bias``.
+    """
+    return _norm(x, weight, bias, residual, eps, True, out_dtype)
+
+
+# Row lengths reaching every branch of row_config for the forward (tensors held 1) and the
+# backward (4), including overhanging tiles and each cluster size.
+SAMPLE_ROW_LENGTHS = (1, 7, 192, 760, 1128, 4096, 8192, 16384, 65536, 131072)
+_BF16, _FP16, _FP32 = torch.bfloat16, torch.float16, torch.float32
+_VARIANTS = tuple((ln, w, b, r) for ln in (False, True) for w in (False, True)
+                  for b in ((False, True) if ln else (False,)) for r in (False, True))
+
+
+def compile_configurations(quick: bool = False):
+    """(kernel class, config, specs) for the norm kernels the ops can pick: every combination
+    of RMSNorm / LayerNorm, weight, bias and residual over a sample of row lengths in bf16, and
+    the two common ones (RMSNorm with weight; LayerNorm with all options) over
+    ``SAMPLE_ROW_LENGTHS`` with fp16 x / fp32 weight and fp32. ``quick`` keeps a sample."""
+    if quick:
+        plan = [(v, (_BF16, _BF16), n) for v in (_VARIANTS[2], _VARIANTS[-1]) for n in (7, 4096, 65536)]
+    else:
+        plan = [(v, (_BF16, _BF16), n) for v in _VARIANTS for n in (7, 1128, 4096, 16384, 65536, 131072)]
+        plan += [(v, mix, n) for v in (_VARIANTS[2], _VARIANTS[-1]) for mix in ((_FP16, _FP32), (_FP32, _FP32))
+                 for n in SAMPLE_ROW_LENGTHS]
+    found = {}
+    for (layer_norm, weight, bias, residual), (x_t, w_t), n in plan:
+        wt, bt = (w_t if weight else None), (w_t if bias else None)
+        r_t = x_t if residual else None
+        vec = vector_width(n, widest_itemsize((x_t, wt, bt)), 0)
+        fwd = (x_t, r_t, wt, bt, x_t, r_t, layer_norm, n)
+        found[("fwd",) + fwd] = _build_forward(fwd, vec)
+        bwd = (x_t, wt, x_t, r_t, x_t, layer_norm, weight, bias, n)
+        found[("bwd",) + bwd] = _build_backward(bwd, vec)
+    return list(found.values())
+
+
+def self_checks():
+    """Rows of the ``python -m cute_kernels`` table for RMSNorm and LayerNorm."""
+    from ..reference import layer_norm_ref, rms_norm_ref
+    from ..runtime.selfcheck import SelfCheck
+
+    checks = []
+    for m, n in ((4096, 4096), (256, 65536)):
+        x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        w, b = (torch.randn(n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        shape = f"{m}x{n}"
+        checks.append(SelfCheck("rmsnorm_fwd", shape, "bfloat16", lambda x=x, w=w: rms_norm(x, w),
+                                lambda x=x, w=w: torch.nn.functional.rms_norm(x, (x.shape[-1],), w, 1e-6),
+                                rms_norm_ref(x, w), 2e-2))
+        checks.append(SelfCheck("layernorm_fwd", shape, "bfloat16",
+                                lambda x=x, w=w, b=b: layer_norm(x, w, b),
+                                lambda x=x, w=w, b=b: torch.nn.functional.layer_norm(x, (x.shape[-1],), w, b),
+                                layer_norm_ref(x, w, b), 2e-2))
+    return checks

@@ -1,0 +1,239 @@
+"""RMSNorm and LayerNorm forward and backward against float64 references.
+
+Tolerance rule: our max error against the float64 reference is at most twice torch's error in
+the same precision (F.rms_norm / F.layer_norm on the same inputs) plus a small floor.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cute_kernels as ck
+from cute_kernels.norms.config import row_config
+from cute_kernels.reference import layer_norm_ref, rms_norm_ref
+
+gpu = pytest.mark.gpu
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+FLOOR = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+HIDDEN = [1, 7, 192, 760, 1128, 4096, 8192, 65536]
+
+
+def rows_for(n):
+    return max(1, min(65, 1_000_000 // n))
+
+
+def err(a, ref):
+    return (a.double() - ref).abs().max().item() if ref.numel() else 0.0
+
+
+def check(ours, theirs, ref, dtype, scale=1.0):
+    assert ours.shape == ref.shape and ours.dtype == theirs.dtype
+    assert err(ours, ref) <= 2 * err(theirs, ref) + FLOOR[dtype] * scale, (err(ours, ref), err(theirs, ref))
+
+
+def torch_norm(layer_norm, x, w, b, eps, residual):
+    h = x if residual is None else x + residual
+    if layer_norm:
+        return F.layer_norm(h, (x.shape[-1],), w, b, eps), h
+    return F.rms_norm(h, (x.shape[-1],), w, eps), h
+
+
+def ref_norm(layer_norm, x, w, b, eps, residual):
+    if layer_norm:
+        return layer_norm_ref(x, w, b, eps, residual)
+    return rms_norm_ref(x, w, eps, residual)
+
+
+def ck_norm(layer_norm, x, w, b, eps, residual):
+    if layer_norm:
+        return ck.layer_norm(x, w, b, eps=eps, residual=residual)
+    return ck.rms_norm(x, w, eps=eps, residual=residual)
+
+
+# ---------------------------------------------------------------- no GPU needed
+
+
+def test_cpu_tensor_is_refused():
+    with pytest.raises(ck.DeviceError):
+        ck.rms_norm(torch.randn(4, 8), torch.ones(8))
+
+
+def test_backward_row_limit():
+    row_config(131072, 8, 2, tensors_held=4)
+    with pytest.raises(ck.UnsupportedError, match="row length"):
+        row_config(131073, 1, 2, tensors_held=4)
+
+
+def test_references_agree_with_torch():
+    x, w, b = torch.randn(3, 10, dtype=torch.float64), torch.randn(10, dtype=torch.float64), torch.randn(10, dtype=torch.float64)
+    torch.testing.assert_close(rms_norm_ref(x, w, 1e-6), F.rms_norm(x, (10,), w, 1e-6))
+    torch.testing.assert_close(layer_norm_ref(x, w, b, 1e-5), F.layer_norm(x, (10,), w, b, 1e-5))
+
+
+# ---------------------------------------------------------------- GPU
+
+
+@gpu
+@pytest.mark.parametrize("layer_norm", [False, True], ids=["rms", "ln"])
+@pytest.mark.parametrize("n", HIDDEN)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_forward_and_backward(layer_norm, n, dtype):
+    m = rows_for(n)
+    x = (torch.randn(m, n, device="cuda", dtype=dtype) * 2 + 0.5).requires_grad_()
+    w = (torch.randn(n, device="cuda", dtype=dtype)).requires_grad_()
+    b = torch.randn(n, device="cuda", dtype=dtype).requires_grad_() if layer_norm else None
+    y = ck_norm(layer_norm, x, w, b, 1e-5, None)
+    y_t, _ = torch_norm(layer_norm, x, w, b, 1e-5, None)
+    ref = ref_norm(layer_norm, x.detach(), w.detach(), None if b is None else b.detach(), 1e-5, None)
+    check(y, y_t, ref, dtype)
+    dy = torch.randn_like(y)
+    inputs = [x, w] + ([b] if b is not None else [])
+    ours = torch.autograd.grad(y, inputs, dy)
+    theirs = torch.autograd.grad(y_t, inputs, dy)
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    b64 = None if b is None else b.detach().double().requires_grad_()
+    refs = torch.autograd.grad(ref_norm(layer_norm, x64, w64, b64, 1e-5, None),
+                               [x64, w64] + ([b64] if b is not None else []), dy.double())
+    for name, o, t, r in zip(("dx", "dw", "db"), ours, theirs, refs):
+        scale = 1.0 if name == "dx" else max(1.0, m ** 0.5)
+        check(o, t, r, dtype, scale)
+
+
+@gpu
+@pytest.mark.parametrize("layer_norm", [False, True], ids=["rms", "ln"])
+@pytest.mark.parametrize("residual_dtype", [torch.bfloat16, torch.float32])
+def test_residual(layer_norm, residual_dtype):
+    m, n = 50, 3000
+    x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    r = torch.randn(m, n, device="cuda", dtype=residual_dtype, requires_grad=True)
+    w = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16, requires_grad=True) if layer_norm else None
+    y, h = ck_norm(layer_norm, x, w, b, 1e-6, r)
+    assert h.dtype == residual_dtype and y.dtype == torch.bfloat16
+    torch.testing.assert_close(h.double(), (x.double() + r.double()).to(residual_dtype).double())
+    ref = ref_norm(layer_norm, x.detach(), w.detach(), None if b is None else b.detach(), 1e-6, r.detach())
+    assert err(y, ref) < 0.05
+    dy, dh = torch.randn_like(y), torch.randn_like(h)
+    inputs = [x, r, w] + ([b] if b is not None else [])
+    grads = torch.autograd.grad([y, h], inputs, [dy, dh])
+    x64, r64, w64 = (t.detach().double().requires_grad_() for t in (x, r, w))
+    b64 = None if b is None else b.detach().double().requires_grad_()
+    y64 = ref_norm(layer_norm, x64, w64, b64, 1e-6, r64)
+    h64 = x64 + r64
+    refs = torch.autograd.grad([y64, h64], [x64, r64, w64] + ([b64] if b is not None else []),
+                               [dy.double(), dh.double()])
+    for g, rg in zip(grads, refs):
+        assert (g.double() - rg).abs().max().item() <= 0.03 * rg.abs().max().item() + 0.05
+
+
+@gpu
+def test_no_weight_and_fp32_weight_and_out_dtype():
+    x = torch.randn(33, 1000, device="cuda", dtype=torch.float16, requires_grad=True)
+    y = ck.rms_norm(x)
+    check(y, F.rms_norm(x, (1000,)), rms_norm_ref(x.detach()), torch.float16)
+    w = torch.randn(1000, device="cuda", dtype=torch.float32, requires_grad=True)
+    y = ck.rms_norm(x, w, out_dtype=torch.float32)
+    assert y.dtype == torch.float32
+    assert err(y, rms_norm_ref(x.detach(), w.detach())) < 1e-3
+    dw = torch.autograd.grad(y.sum(), w)[0]
+    assert dw.dtype == torch.float32
+
+
+@gpu
+def test_weight_gradient_is_deterministic():
+    x = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = torch.randn(4096, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn_like(x)
+    first = torch.autograd.grad(ck.rms_norm(x, w), [x, w], dy)
+    for _ in range(3):
+        again = torch.autograd.grad(ck.rms_norm(x, w), [x, w], dy)
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+
+
+@gpu
+@pytest.mark.parametrize("m", [0, 1])
+def test_tiny_batches(m):
+    x = torch.randn(m, 512, device="cuda", requires_grad=True)
+    w = torch.randn(512, device="cuda", requires_grad=True)
+    y = ck.layer_norm(x, w)
+    assert y.shape == (m, 512)
+    dx, dw = torch.autograd.grad(y, [x, w], torch.ones_like(y))
+    assert dx.shape == x.shape and dw.shape == w.shape
+    if m == 0:
+        assert (dw == 0).all()
+
+
+@gpu
+def test_outputs_poisoned_with_nan_are_fully_written_and_nan_propagates():
+    from cute_kernels.norms.norm_op import norm_fwd
+
+    x = torch.randn(37, 1128, device="cuda", dtype=torch.bfloat16)
+    y = torch.full_like(x, float("nan"))
+    rstd = torch.full((37,), float("nan"), device="cuda")
+    norm_fwd(x, None, None, None, y, None, rstd, None, 1e-6, False)
+    assert not y.isnan().any() and not rstd.isnan().any()
+    x[5, 17] = float("nan")
+    x[9, 3] = float("inf")
+    y = ck.rms_norm(x)
+    assert y[5].isnan().all() and y[9].isnan().any()
+    assert not y[torch.arange(37, device="cuda") != 5][[0, 1, 2]].isnan().any()
+
+
+@gpu
+def test_leading_dims_multidim_weight_and_non_contiguous():
+    x = torch.randn(4, 6, 8, 96, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(8, 96, device="cuda", dtype=torch.bfloat16)
+    check(ck.rms_norm(x, w), F.rms_norm(x, (8, 96), w), rms_norm_ref(x, w), torch.bfloat16)
+    xt = torch.randn(768, 40, device="cuda", dtype=torch.bfloat16).t()
+    check(ck.layer_norm(xt), F.layer_norm(xt, (768,)), layer_norm_ref(xt), torch.bfloat16)
+    xs = torch.randn(40, 770, device="cuda", dtype=torch.bfloat16)[:, 1:769]
+    check(ck.layer_norm(xs), F.layer_norm(xs, (768,)), layer_norm_ref(xs), torch.bfloat16)
+
+
+@gpu
+def test_torch_compile_fullgraph():
+    def f(x, w, b, r):
+        y, h = ck.layer_norm(x, w, b, residual=r)
+        return ck.rms_norm(y, w) + h
+
+    compiled = torch.compile(f, fullgraph=True)
+    x, r = (torch.randn(64, 1024, device="cuda", requires_grad=True) for _ in range(2))
+    w, b = (torch.randn(1024, device="cuda", requires_grad=True) for _ in range(2))
+    out = compiled(x, w, b, r)
+    torch.testing.assert_close(out, f(x, w, b, r))
+    g1 = torch.autograd.grad(out.sum(), [x, w, b, r])
+    g2 = torch.autograd.grad(f(x, w, b, r).sum(), [x, w, b, r])
+    for a, e in zip(g1, g2):
+        torch.testing.assert_close(a, e, atol=1e-3, rtol=1e-3)
+
+
+@gpu
+def test_modules_are_drop_in():
+    for ours, theirs in ((ck.RMSNorm(256, eps=1e-6), torch.nn.RMSNorm(256, eps=1e-6)),
+                         (ck.LayerNorm(256), torch.nn.LayerNorm(256))):
+        theirs = theirs.cuda()
+        ours = ours.cuda()
+        assert ours.state_dict().keys() == theirs.state_dict().keys()
+        with torch.no_grad():
+            for p in theirs.parameters():
+                p.normal_()
+        ours.load_state_dict(theirs.state_dict())
+        x = torch.randn(8, 256, device="cuda")
+        torch.testing.assert_close(ours(x), theirs(x), atol=1e-5, rtol=1e-5)
+
+
+@gpu
+def test_bad_inputs_raise_clear_errors():
+    x = torch.randn(4, 64, device="cuda")
+    with pytest.raises(ck.UnsupportedError, match="weight"):
+        ck.rms_norm(x, torch.ones(32, device="cuda"))
+    with pytest.raises(ck.DTypeError, match="weight"):
+        ck.rms_norm(x, torch.ones(64, device="cuda", dtype=torch.int32))
+    with pytest.raises(ck.DeviceError, match="weight"):
+        ck.rms_norm(x, torch.ones(64))
+    with pytest.raises(ck.UnsupportedError, match="residual"):
+        ck.rms_norm(x, residual=torch.ones(4, 63, device="cuda"))
+    with pytest.raises(ck.UnsupportedError, match="eps"):
+        ck.layer_norm(x, eps=-1.0)
+    with pytest.raises(ck.DTypeError, match="x"):
+        ck.layer_norm(x.double())
