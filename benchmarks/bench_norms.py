@@ -27,7 +27,7 @@ SWEEP = [(131072, 1024), (65536, 2048), (8192, 16384), (2048, 65536)]
 
 def torch_bwd(layer_norm):
     def run(x, w, b, dy, rstd, mean):
-        x = x.detach().requires_grad_()
+        x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
         y = F.layer_norm(x, (x.shape[-1],), w, b) if layer_norm else F.rms_norm(x, (x.shape[-1],), w, 1e-6)
         return torch.autograd.grad(y, [x, w], dy)
     return run

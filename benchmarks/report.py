@@ -24,7 +24,7 @@ def table(rows: list) -> str:
     for r in rows:
         values = [r["op"], r["shape"], r["dtype"], f"{r['ours']:.0f} {r['metric']}"]
         values += [f"{r['peers'][p]:.0f}" if p in r["peers"] else "" for p in peers]
-        values += [f"{r['ours'] / r['peers'][p]:.2f}x" if p in r["peers"] else "" for p in peers]
+        values += [f"{r['ours'] / r['peers'][p]:.3f}x" if p in r['peers'] else '' for p in peers]
         lines.append("| " + " | ".join(values) + " |")
     return "\n".join(lines)
 

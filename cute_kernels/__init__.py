@@ -4,7 +4,8 @@
     y = ck.softmax(x, dim=-1)
 """
 
-from .norms.modules import LayerNorm, RMSNorm
+from .norms.cross_entropy_op import cross_entropy, fused_linear_cross_entropy
+from .norms.modules import CrossEntropyLoss, FusedLinearCrossEntropyLoss, LayerNorm, RMSNorm
 from .norms.norm_op import layer_norm, rms_norm
 from .norms.softmax_op import softmax
 from .runtime.errors import (
@@ -22,8 +23,12 @@ __all__ = [
     "softmax",
     "rms_norm",
     "layer_norm",
+    "cross_entropy",
+    "fused_linear_cross_entropy",
     "RMSNorm",
     "LayerNorm",
+    "CrossEntropyLoss",
+    "FusedLinearCrossEntropyLoss",
     "CuteKernelsError",
     "CompileError",
     "DeviceError",

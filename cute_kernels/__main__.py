@@ -19,9 +19,9 @@ from .runtime import CuteKernelsError, has_gpu, inspect_kernel
 
 
 def _families():
-    from .norms import norm_op, softmax_op
+    from .norms import cross_entropy_op, norm_op, softmax_op
 
-    return [softmax_op, norm_op]
+    return [softmax_op, norm_op, cross_entropy_op]
 
 
 def _time_ms(fn, reps: int = 20) -> float:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from cute_kernels.norms import norm_op
+from cute_kernels.norms import cross_entropy_op, norm_op
 from cute_kernels.norms.softmax_op import compile_configurations as softmax_configurations
 from cute_kernels.runtime import inspect_kernel
 
@@ -57,3 +57,15 @@ def test_norm_configuration_compiles_without_spills(case):
         assert "st.async.shared::cluster" in report.ptx
     if kernel.__name__ == "NormBwdSm90" and rows.vec * 2 >= 4:
         assert "cp.async" in report.ptx, "the backward pipelines x and dy through shared memory"
+
+
+CROSS_ENTROPY = cross_entropy_op.compile_configurations()
+
+
+@pytest.mark.parametrize("case", CROSS_ENTROPY, ids=[_id(c) for c in CROSS_ENTROPY])
+def test_cross_entropy_configuration_compiles_without_spills(case):
+    kernel, config, specs = case
+    report = inspect_kernel(kernel, config, specs, arch="sm_90a")
+    assert not report.local_memory, f"local memory / spills: {report.summary()}"
+    if config.row.cluster_n > 1 and kernel.__name__ == "CrossEntropyFwdSm90":
+        assert "st.async.shared::cluster" in report.ptx

@@ -1,11 +1,13 @@
-"""``nn.Module`` drop-ins for torch's RMSNorm and LayerNorm (same constructor arguments, same
-state_dict keys). On CUDA tensors they run this library's kernels; on other devices they fall
-back to torch's implementation."""
+"""``nn.Module`` drop-ins for torch's RMSNorm, LayerNorm and CrossEntropyLoss (same constructor
+arguments, same state_dict keys), plus FusedLinearCrossEntropyLoss. On CUDA tensors they run
+this library's kernels; on other devices they fall back to torch's implementation."""
 
 from __future__ import annotations
 
 import torch
 
+from ..runtime import UnsupportedError
+from .cross_entropy_op import cross_entropy, fused_linear_cross_entropy
 from .norm_op import layer_norm, rms_norm
 
 
@@ -44,3 +46,41 @@ class LayerNorm(torch.nn.LayerNorm):
             out = layer_norm(x2, None, None, self.eps, r2)
             return tuple(t.view(x.shape) for t in out) if residual is not None else out.view(x.shape)
         return layer_norm(x, self.weight, self.bias, self.eps, residual)
+
+
+class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
+    """``torch.nn.CrossEntropyLoss`` running :func:`cute_kernels.cross_entropy` (class index
+    targets; the class dim is dim 1 of the input, as in torch). Adds ``lse_square_scale`` and
+    ``inplace_backward``. Per-class ``weight`` is not supported."""
+
+    def __init__(self, weight=None, size_average=None, ignore_index: int = -100, reduce=None,
+                 reduction: str = "mean", label_smoothing: float = 0.0,
+                 lse_square_scale: float = 0.0, inplace_backward: bool = False):
+        if weight is not None:
+            raise UnsupportedError("CrossEntropyLoss: per-class weight is not supported")
+        super().__init__(None, size_average, ignore_index, reduce, reduction, label_smoothing)
+        self.lse_square_scale = lse_square_scale
+        self.inplace_backward = inplace_backward
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if not input.is_cuda or target.is_floating_point():
+            return super().forward(input, target)
+        logits = input.movedim(1, -1) if input.dim() > 2 else input
+        return cross_entropy(logits, target, self.ignore_index, self.label_smoothing,
+                             self.reduction, self.lse_square_scale, self.inplace_backward)
+
+
+class FusedLinearCrossEntropyLoss(torch.nn.Module):
+    """Loss of ``hidden @ weight.T (+ bias)`` against ``target`` without materializing the
+    logits (:func:`cute_kernels.fused_linear_cross_entropy`). ``forward(hidden, weight, target,
+    bias=None)``."""
+
+    def __init__(self, ignore_index: int = -100, label_smoothing: float = 0.0,
+                 reduction: str = "mean", chunk_size: int | None = None):
+        super().__init__()
+        self.ignore_index, self.label_smoothing = ignore_index, label_smoothing
+        self.reduction, self.chunk_size = reduction, chunk_size
+
+    def forward(self, hidden, weight, target, bias=None):
+        return fused_linear_cross_entropy(hidden, weight, target, bias, self.ignore_index,
+                                          self.label_smoothing, self.reduction, self.chunk_size)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ..runtime import DeviceError, DTypeError, ScalarSpec, Sym, TensorSpec, UnsupportedError, kernel_op
@@ -93,9 +91,14 @@ def _num_ctas(x, weight, bias, dw_partial, db_partial) -> int:
     return backward_grid(x.shape[0], x.shape[1], x.device)
 
 
-@functools.lru_cache(maxsize=None)
+_SM_COUNTS: dict = {}
+
+
+@torch.compiler.assume_constant_result
 def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    if index not in _SM_COUNTS:
+        _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNTS[index]
 
 
 def backward_grid(m: int, n: int, device: torch.device) -> int:
@@ -175,10 +178,10 @@ class _Norm(torch.autograd.Function):
         ctx.shapes = (x.shape, x.dtype, None if weight is None else weight.shape,
                       None if residual is None else residual.dtype)
         y = y.view(x.shape)
-        return y, (None if h is None else h.view(x.shape))
+        return y if h is None else (y, h.view(x.shape))
 
     @staticmethod
-    def backward(ctx, dy, dh):
+    def backward(ctx, dy, dh=None):
         x2, w, rstd, mean = ctx.saved_tensors
         x_shape, x_dtype, w_shape, r_dtype = ctx.shapes
         dh2 = None if dh is None or r_dtype is None else _rows(dh, ctx.n)
@@ -215,8 +218,7 @@ def _norm(x, weight, bias, residual, eps, layer_norm, out_dtype):
     if x.numel():
         held = BACKWARD_HELD if _needs_grad(x, weight, bias, residual) else 1
         row_config(n, 1, 4, tensors_held=held)  # refuse a row too long before running anything
-    y, h = _Norm.apply(x, weight, bias, residual, eps, layer_norm, out_dtype, n)
-    return y if residual is None else (y, h)
+    return _Norm.apply(x, weight, bias, residual, eps, layer_norm, out_dtype, n)
 
 
 def _needs_grad(*tensors) -> bool:

@@ -79,7 +79,7 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class ScalarSpec:
-    """A scalar passed at run time: ``"float32"`` or ``"int32"``."""
+    """A scalar passed at run time: ``"float32"``, ``"int32"`` or ``"int64"``."""
 
     dtype: str
 
@@ -112,7 +112,7 @@ def _fake_args(specs: tuple) -> list:
                 )
             )
         elif isinstance(spec, ScalarSpec):
-            args.append({"float32": cutlass.Float32, "int32": cutlass.Int32}[spec.dtype](0))
+            args.append({"float32": cutlass.Float32, "int32": cutlass.Int32, "int64": cutlass.Int64}[spec.dtype](0))
         elif isinstance(spec, StreamSpec):
             args.append(cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
         else:

@@ -1,0 +1,127 @@
+"""Cross-entropy and fused linear cross-entropy: ours against the peers.
+
+cross_entropy_fwd counts the logits read once (GB/s); cross_entropy_fwd_bwd counts the logits
+read twice and the gradient written once; flce_fwd_bwd reports TFLOP/s of the three GEMMs
+(6 * tokens * hidden * vocab) plus time and peak extra memory.
+
+    python benchmarks/bench_losses.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Results, bench, bench_many, ceilings, gbps, make_input_sets, tflops, try_import  # noqa: E402
+
+import cute_kernels as ck  # noqa: E402
+
+CE_SHAPES = [(8192, 32768), (4096, 131072)]
+FLCE = (8192, 4096, 128256)
+
+
+def ce_peers(quack_ce, liger_ce):
+    fwd = {"torch": lambda x, t: F.cross_entropy(x, t),
+           "torch_compile": torch.compile(lambda x, t: F.cross_entropy(x.float(), t))}
+    if quack_ce is not None:
+        fwd["quack"] = lambda x, t: quack_ce.cross_entropy_fwd(x, t)
+    return fwd
+
+
+def fwd_bwd(loss_fn):
+    def run(x, t):
+        x = x.detach().requires_grad_()
+        loss_fn(x, t).backward()
+        return x.grad
+    return run
+
+
+def run_ce(results, m, v, quack_ce, liger):
+    dtype = torch.bfloat16
+    sets = make_input_sets(lambda: (torch.randn(m, v, device="cuda", dtype=dtype),
+                                    torch.randint(0, v, (m,), device="cuda")), m * v * 2)
+    fwd = {"ours": lambda x, t: ck.cross_entropy(x, t), **ce_peers(quack_ce, liger)}
+    ms = bench_many(fwd, sets)
+    rates = {k: gbps(m * v * 2, t) for k, t in ms.items()}
+    results.add("losses", "cross_entropy_fwd", (m, v), dtype, "GBps", rates.pop("ours"), rates)
+    both = {"ours": fwd_bwd(ck.cross_entropy), "torch": fwd_bwd(F.cross_entropy),
+            "torch_compile": fwd_bwd(torch.compile(lambda x, t: F.cross_entropy(x.float(), t)))}
+    if quack_ce is not None:
+        both["quack"] = fwd_bwd(quack_ce.cross_entropy)
+    if liger is not None:
+        liger_loss = liger.LigerCrossEntropyLoss()
+        both["liger"] = fwd_bwd(lambda x, t: liger_loss(x, t))
+    ms = bench_many(both, sets, reps=10)
+    rates = {k: gbps(3 * m * v * 2, t) for k, t in ms.items()}
+    results.add("losses", "cross_entropy_fwd_bwd", (m, v), dtype, "GBps", rates.pop("ours"), rates,
+                ms={k: round(t, 3) for k, t in ms.items()})
+
+
+def peak_extra_memory(fn, *args) -> int:
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn(*args)
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def run_flce(results, liger):
+    tokens, hidden, vocab = FLCE
+    dtype = torch.bfloat16
+    h = torch.randn(tokens, hidden, device="cuda", dtype=dtype)
+    w = (torch.randn(vocab, hidden, device="cuda", dtype=dtype) / 64)
+    t = torch.randint(0, vocab, (tokens,), device="cuda")
+
+    def make_run(loss_fn):
+        def run(h, w, t):
+            hh, ww = h.detach().requires_grad_(), w.detach().requires_grad_()
+            loss_fn(hh, ww, t).backward()
+            return hh.grad, ww.grad
+        return run
+
+    fns = {"ours": make_run(lambda h, w, t: ck.fused_linear_cross_entropy(h, w, t)),
+           "torch": make_run(lambda h, w, t: F.cross_entropy((h @ w.t()).float(), t))}
+    if liger is not None:
+        liger_loss = liger.LigerFusedLinearCrossEntropyLoss()
+        fns["liger"] = make_run(lambda h, w, t: liger_loss(w, h, t))
+    memory = {}
+    for name, fn in fns.items():
+        fn(h, w, t)  # warm up (compiles)
+        memory[name] = peak_extra_memory(fn, h, w, t) / 2**30
+    ms = {name: bench(fn, [(h, w, t)], warmup=2, reps=10) for name, fn in fns.items()}
+    flops = 6 * tokens * hidden * vocab
+    rates = {k: tflops(flops, v) for k, v in ms.items()}
+    results.add("losses", "flce_fwd_bwd", (tokens, hidden, vocab), dtype, "TFLOPs", rates.pop("ours"),
+                rates, ms={k: round(v, 2) for k, v in ms.items()},
+                peak_extra_GiB={k: round(v, 3) for k, v in memory.items()})
+    print("flce ms", {k: round(v, 2) for k, v in ms.items()}, "peak extra GiB",
+          {k: round(v, 3) for k, v in memory.items()})
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--skip-flce", action="store_true")
+    args = parser.parse_args()
+    results = Results()
+    results.start(ceilings())
+    for m, v in CE_SHAPES:  # compile ours before any peer is imported
+        x = torch.randn(2, v, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+        ck.cross_entropy(x, torch.zeros(2, dtype=torch.long, device="cuda")).backward()
+    quack_ce = try_import("quack.cross_entropy")
+    liger = try_import("liger_kernel.transformers")
+    for m, v in CE_SHAPES:
+        run_ce(results, m, v, quack_ce, liger)
+    if not args.skip_flce:
+        run_flce(results, liger)
+    results.save()
+
+
+if __name__ == "__main__":
+    main()

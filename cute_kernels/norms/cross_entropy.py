@@ -1,0 +1,202 @@
+"""Cross-entropy over the last dim of (M, V) logits, forward and backward, for Hopper (sm_90a).
+
+Forward, per row with target t (ignored rows: loss 0; a target outside [0, V): loss NaN):
+    lse  = log(sum(exp(x)))                          (one pass: max and sum merged online,
+                                                     across warps and the CTAs of a cluster)
+    loss = lse - (1 - eps) * x[t] - eps / V * sum(x) + z * lse^2
+with eps the label smoothing and z the lse-square (z-loss) scale. lse is stored for the
+backward. Optionally the forward also writes the gradient (times a scale read from device
+memory, e.g. 1 / number of counted rows), so the logits are read once for loss and gradient;
+the gradient may overwrite the logits.
+
+Backward, elementwise with the stored lse (no reduction):
+    dx = dloss[row] * (p * (1 + 2 z lse) - eps / V - (1 - eps) * [j == t]),   p = exp(x - lse)
+and 0 for ignored rows. ``dloss`` may have row stride 0 (a broadcast scalar).
+
+Dtypes: logits and gradient float32 / float16 / bfloat16; target int64 or int32; loss and
+lse float32.
+
+Constraints:
+  - last dim contiguous; row strides and pointers divisible by ``vec`` elements
+  - V static per compiled kernel, M dynamic; V <= 524288
+  - target is never used to index out of bounds; a logit of -inf counts as 0 in the
+    label-smoothing sum
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Boolean, Float32, Int64, const_expr
+
+from ..primitives.reduce import LOG2_E, add, cross_warp_combine, maximum, shuffle_combine
+from ..primitives.reduce import softmax_pair
+from .config import RowConfig
+from .rows import (
+    RowKernel,
+    bounds_predicate,
+    load_fragments,
+    make_row_copy,
+    reduction_workspace,
+    stage_buffer,
+    stage_view,
+    store_fragment,
+    thread_fragment,
+)
+
+LN_2 = 0.6931471805599453
+
+
+@dataclass(frozen=True)
+class CrossEntropyConfig:
+    row: RowConfig
+    smoothing: bool  # label smoothing term compiled in
+    z_loss: bool  # lse-square term compiled in
+    write_grad: bool = False  # forward also writes the gradient
+
+
+def _softmax_sum(a: tuple, b: tuple) -> tuple:
+    """Merge (max, sum exp, sum x) partials: softmax pair on the first two, add on the third."""
+    return softmax_pair(a[:2], b[:2]) + (a[2] + b[2],)
+
+
+@cute.jit
+def _load_target(mTarget: cute.Tensor, row, m_rows, ignore_index: Int64) -> Int64:
+    target = Int64(ignore_index)
+    if row < m_rows:
+        target = Int64(mTarget[row])
+    return target
+
+
+class _CrossEntropyKernel(RowKernel):
+    def _row_info(self, mX, mTarget, tile, ignore_index):
+        """This thread's coordinates, in-bounds flags, row, target, and flags ``counted``
+        (a real row whose target is not ignored) and ``in_range`` (0 <= target < V)."""
+        coords = self._coords(mX, tile)
+        pred = bounds_predicate(coords, mX.shape[0], self.rows)
+        row = coords[0][0]
+        target = _load_target(mTarget, row, mX.shape[0], ignore_index)
+        counted = target != Int64(ignore_index)
+        in_range = (target >= Int64(0)) & (target < Int64(self.rows.n))
+        return coords, pred, row, target, counted, in_range
+
+    @cute.jit
+    def _gradient(self, mGrad, coords, pred, tile, x, lse, scale, target, counted, in_range,
+                  smoothing: Float32, z_scale: Float32):
+        """Write scale * dloss/dx for this thread's slice of the row (0 for ignored rows)."""
+        cfg = self.config
+        p = cute.math.exp2(x * LOG2_E - lse * LOG2_E, fastmath=True)
+        if const_expr(cfg.z_loss):
+            p = p * (1.0 + 2.0 * z_scale * lse)
+        if const_expr(cfg.smoothing):
+            p = p - smoothing * (1.0 / self.rows.n)
+        tXgG = thread_fragment(mGrad, make_row_copy(mGrad.element_type, self.rows), self.rows, tile)
+        acc = cute.make_rmem_tensor_like(tXgG, Float32)
+        row_scale = scale if counted else Float32(0.0)
+        acc.store(p * row_scale)
+        hit = (1.0 - smoothing) * row_scale if const_expr(cfg.smoothing) else row_scale
+        if in_range:
+            for i in cutlass.range_constexpr(cute.size(acc)):
+                if coords[i][1] == target:
+                    acc[i] = acc[i] - hit
+        tXrG = cute.make_rmem_tensor_like(tXgG)
+        tXrG.store(acc.load().to(mGrad.element_type))
+        store_fragment(tXrG, tXgG, pred)
+
+
+class CrossEntropyFwdSm90(_CrossEntropyKernel):
+    """Loss and lse per row (and, with ``write_grad``, the scaled gradient). See the module
+    docstring."""
+
+    @cute.jit
+    def __call__(self, mX, mTarget, mLoss, mLse, mGrad, mScale, ignore_index: Int64,
+                 smoothing: Float32, z_scale: Float32, stream):
+        grid_x = cute.ceil_div(mX.shape[0], self.rows.rows_per_cta)
+        kernel = self.kernel(mX, mTarget, mLoss, mLse, mGrad, mScale, ignore_index, smoothing, z_scale)
+        self._launch(kernel, grid_x, stream)
+
+    @cute.kernel
+    def kernel(self, mX, mTarget, mLoss, mLse, mGrad, mScale, ignore_index: Int64,
+               smoothing: Float32, z_scale: Float32):
+        cfg, rows = self.config, self.rows
+        smem = cutlass.memory.SmemAllocator()
+        width = 3 if const_expr(cfg.smoothing) else 2
+        buffer, mbar_ptr = reduction_workspace(smem, rows, width, 1)
+        tile = self._tile(cute.arch.block_idx()[0])
+        coords, pred, row, target, counted, in_range = self._row_info(mX, mTarget, tile, ignore_index)
+        x_target = Float32(0.0)
+        if row < mX.shape[0] and in_range:
+            x_target = mX[row, target].to(Float32)
+        copy_x = make_row_copy(mX.element_type, rows)
+        tXgX = thread_fragment(mX, copy_x, rows, tile)
+        tXrX = cute.make_rmem_tensor_like(tXgX)
+        tXsX = None
+        if const_expr(rows.stage_smem):
+            tXsX = stage_view(stage_buffer(smem, mX.element_type, rows), copy_x, 0)
+        load_fragments(pred, (tXgX, tXrX, tXsX, -mX.element_type.inf))
+        x = tXrX.load().to(Float32)
+
+        group = const_expr(min(rows.threads_per_row, 32))
+        (warp_max,) = shuffle_combine((x.reduce(cute.ReductionOp.MAX, -Float32.inf, 0),), maximum, group)
+        # A slice of only -inf (padding or data) exponentiates against 0 so its sum is 0, not NaN.
+        shift = cutlass.select_(warp_max == -Float32.inf, Float32(0.0), warp_max)
+        e = cute.math.exp2(x * LOG2_E - shift * LOG2_E, fastmath=True)
+        (warp_sum,) = shuffle_combine((e.reduce(cute.ReductionOp.ADD, Float32(0.0), 0),), add, group)
+        partial, identity, combine = (warp_max, warp_sum), (-Float32.inf, Float32(0.0)), softmax_pair
+        if const_expr(cfg.smoothing):
+            finite = cute.where(x == -Float32.inf, cute.full_like(x, 0.0), x)
+            (x_sum,) = shuffle_combine((finite.reduce(cute.ReductionOp.ADD, Float32(0.0), 0),), add, group)
+            partial, identity, combine = partial + (x_sum,), identity + (Float32(0.0),), _softmax_sum
+        if const_expr(rows.threads_per_row > 32 or rows.cluster_n > 1):
+            partial = cross_warp_combine(
+                partial, combine, identity, buffer[None, None, None, 0], mbar_ptr,
+                max(rows.threads_per_row // 32, 1), rows.cluster_n,
+                cute.arch.cluster_wait if const_expr(rows.cluster_n > 1) else None,
+            )
+            lse = partial[0] + cute.math.log2(partial[1], fastmath=True) * LN_2
+        else:
+            lse = shift + cute.math.log2(warp_sum, fastmath=True) * LN_2
+        loss = lse - x_target
+        if const_expr(cfg.smoothing):
+            loss = lse - (1.0 - smoothing) * x_target - smoothing * (1.0 / rows.n) * partial[2]
+        if const_expr(cfg.z_loss):
+            loss = loss + z_scale * lse * lse
+        if not in_range:
+            loss = Float32(float("nan"))
+        if not counted:
+            loss = Float32(0.0)
+        if coords[0][1] == 0 and row < mX.shape[0]:
+            mLoss[row] = loss
+            mLse[row] = lse
+        if const_expr(cfg.write_grad):
+            self._gradient(mGrad, coords, pred, tile, x, lse, Float32(mScale[0]), target, counted,
+                           in_range, smoothing, z_scale)
+
+
+class CrossEntropyBwdSm90(_CrossEntropyKernel):
+    """dx from the logits and the stored lse, elementwise. See the module docstring."""
+
+    @cute.jit
+    def __call__(self, mX, mTarget, mLse, mdLoss, mGrad, ignore_index: Int64, smoothing: Float32,
+                 z_scale: Float32, stream):
+        grid_x = cute.ceil_div(mX.shape[0], self.rows.rows_per_cta)
+        kernel = self.kernel(mX, mTarget, mLse, mdLoss, mGrad, ignore_index, smoothing, z_scale)
+        self._launch(kernel, grid_x, stream)
+
+    @cute.kernel
+    def kernel(self, mX, mTarget, mLse, mdLoss, mGrad, ignore_index: Int64, smoothing: Float32,
+               z_scale: Float32):
+        rows = self.rows
+        tile = self._tile(cute.arch.block_idx()[0])
+        coords, pred, row, target, counted, in_range = self._row_info(mX, mTarget, tile, ignore_index)
+        lse, dloss = Float32(0.0), Float32(0.0)
+        if row < mX.shape[0]:
+            lse = mLse[row]
+            dloss = mdLoss[row]
+        tXgX = thread_fragment(mX, make_row_copy(mX.element_type, rows), rows, tile)
+        tXrX = cute.make_rmem_tensor_like(tXgX)
+        load_fragments(pred, (tXgX, tXrX, None, mX.element_type(0)))
+        self._gradient(mGrad, coords, pred, tile, tXrX.load().to(Float32), lse, dloss, target,
+                       counted, in_range, smoothing, z_scale)

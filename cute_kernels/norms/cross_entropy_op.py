@@ -1,0 +1,356 @@
+"""``cross_entropy`` and ``fused_linear_cross_entropy``: torch-facing ops and autograd."""
+
+from __future__ import annotations
+
+import torch
+
+from ..runtime import DeviceError, DTypeError, ScalarSpec, Sym, TensorSpec, UnsupportedError, kernel_op
+from ..runtime.errors import describe
+from .config import row_config
+from .cross_entropy import CrossEntropyBwdSm90, CrossEntropyConfig, CrossEntropyFwdSm90
+from .dispatch import RowKernels, row_specs, vector_width, widest_itemsize
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+TARGET_DTYPES = (torch.int64, torch.int32)
+REDUCTIONS = ("mean", "sum", "none")
+
+_ROW_STAT = TensorSpec("float32", (Sym("m"),), (1,), 4)
+_ROW_SCALE = TensorSpec("float32", (Sym("m"),), (Sym(),), 4)  # may be a broadcast scalar
+_SCALE = TensorSpec("float32", (1,), (1,), 4)
+
+
+def _target_spec(dtype):
+    name = str(dtype).removeprefix("torch.")
+    return TensorSpec(name, (Sym("m"),), (1,), 8 if dtype == torch.int64 else 4)
+
+
+def _build_forward(key, vec):
+    x_t, target_t, grad_t, smoothing, z_loss, n = key
+    rows = row_config(n, vec, widest_itemsize((x_t, grad_t)), tensors_held=1)
+    config = CrossEntropyConfig(rows, smoothing, z_loss, grad_t is not None)
+    x = row_specs((x_t,), n, vec)
+    grad = None if grad_t is None else row_specs((grad_t,), n, vec)[0]
+    specs = (x[0], _target_spec(target_t), _ROW_STAT, _ROW_STAT, grad,
+             None if grad_t is None else _SCALE, ScalarSpec("int64"), ScalarSpec("float32"),
+             ScalarSpec("float32"), x[-1])
+    return CrossEntropyFwdSm90, config, specs
+
+
+def _build_backward(key, vec):
+    x_t, target_t, grad_t, smoothing, z_loss, n = key
+    rows = row_config(n, vec, widest_itemsize((x_t, grad_t)), tensors_held=1)
+    config = CrossEntropyConfig(rows, smoothing, z_loss)
+    x, grad = row_specs((x_t, grad_t), n, vec)[:2]
+    specs = (x, _target_spec(target_t), _ROW_STAT, _ROW_SCALE, grad, ScalarSpec("int64"),
+             ScalarSpec("float32"), ScalarSpec("float32"), row_specs((), n, vec)[-1])
+    return CrossEntropyBwdSm90, config, specs
+
+
+_forward_kernels = RowKernels(_build_forward)
+_backward_kernels = RowKernels(_build_backward)
+
+
+@kernel_op(
+    "cross_entropy_fwd",
+    mutates_args=("loss", "lse", "grad"),
+    schema="(Tensor logits, Tensor target, Tensor(a!) loss, Tensor(b!) lse, Tensor(c!)? grad, "
+    "Tensor? grad_scale, int ignore_index, float label_smoothing, float lse_square_scale) -> ()",
+)
+def cross_entropy_fwd(logits, target, loss, lse, grad, grad_scale, ignore_index: int,
+                      label_smoothing: float, lse_square_scale: float) -> None:
+    """Per-row loss and lse of (M, V) logits; with ``grad``, also grad_scale[0] * dloss/dlogits
+    (``grad`` may be ``logits`` itself). M >= 1."""
+    key = (logits.dtype, target.dtype, None if grad is None else grad.dtype, label_smoothing > 0,
+           lse_square_scale > 0, logits.shape[1])
+    tensors = (logits,) if grad is None or grad is logits else (logits, grad)
+    _forward_kernels(key, tensors, logits, target, loss, lse, grad, grad_scale, ignore_index,
+                     label_smoothing, lse_square_scale)
+
+
+@kernel_op(
+    "cross_entropy_bwd",
+    mutates_args=("grad",),
+    schema="(Tensor logits, Tensor target, Tensor lse, Tensor dloss, Tensor(a!) grad, "
+    "int ignore_index, float label_smoothing, float lse_square_scale) -> ()",
+)
+def cross_entropy_bwd(logits, target, lse, dloss, grad, ignore_index: int, label_smoothing: float,
+                      lse_square_scale: float) -> None:
+    """grad[M, V] = dloss[row] * dloss_row/dlogits, from the logits and the stored lse."""
+    key = (logits.dtype, target.dtype, grad.dtype, label_smoothing > 0, lse_square_scale > 0,
+           logits.shape[1])
+    _backward_kernels(key, (logits, grad), logits, target, lse, dloss, grad, ignore_index,
+                      label_smoothing, lse_square_scale)
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check(logits, target, ignore_index, label_smoothing, reduction, lse_square_scale, what="logits"):
+    for name, t in ((what, logits), ("target", target)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "cuda":
+            raise DeviceError(f"{name} must be a CUDA tensor, got device {t.device} ({describe(t)})")
+    if target.device != logits.device:
+        raise DeviceError(f"target is on {target.device} but {what} is on {logits.device}")
+    if logits.dtype not in FLOAT_DTYPES:
+        raise DTypeError(f"{what} has dtype {logits.dtype}; supported: float32, float16, bfloat16")
+    if target.dtype not in TARGET_DTYPES:
+        raise DTypeError(f"target has dtype {target.dtype}; supported: int64, int32")
+    if reduction not in REDUCTIONS:
+        raise UnsupportedError(f"reduction={reduction!r}; supported: {REDUCTIONS}")
+    if not 0.0 <= float(label_smoothing) <= 1.0:
+        raise UnsupportedError(f"label_smoothing={label_smoothing} must be in [0, 1]")
+    if not float(lse_square_scale) >= 0.0:
+        raise UnsupportedError(f"lse_square_scale={lse_square_scale} must be >= 0")
+    if not isinstance(ignore_index, int) or isinstance(ignore_index, bool):
+        raise UnsupportedError(f"ignore_index must be an int, got {ignore_index!r}")
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    if t.stride(-1) != 1:
+        t = t.contiguous()
+    return t.reshape(-1, t.shape[-1])
+
+
+def _reduce(loss_rows, target_rows, ignore_index, reduction, target_shape):
+    if reduction == "none":
+        return loss_rows.view(target_shape)
+    total = loss_rows.sum()
+    if reduction == "sum":
+        return total
+    return total / (target_rows != ignore_index).sum()  # 0 / 0 = NaN when all are ignored, as torch
+
+
+class _CrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, logits, target, ignore_index, smoothing, reduction, z, inplace):
+        x2, t2 = _rows(logits), target.reshape(-1)
+        m = x2.shape[0]
+        loss_rows = torch.empty(m, dtype=torch.float32, device=logits.device)
+        lse = torch.empty(m, dtype=torch.float32, device=logits.device)
+        grad = scale = None
+        if inplace:
+            grad = x2
+            counted = (t2 != ignore_index).sum().float() if reduction == "mean" else None
+            scale = (1.0 / counted).reshape(1) if counted is not None else torch.ones(1, device=logits.device)
+        if m:
+            cross_entropy_fwd(x2, t2, loss_rows, lse, grad, scale, ignore_index, smoothing, z)
+        ctx.args = (ignore_index, smoothing, reduction, z, inplace, logits.shape)
+        ctx.save_for_backward(x2, t2, lse)
+        return _reduce(loss_rows, t2, ignore_index, reduction, target.shape)
+
+    @staticmethod
+    def backward(ctx, dloss):
+        ignore_index, smoothing, reduction, z, inplace, shape = ctx.args
+        x2, t2, lse = ctx.saved_tensors
+        if inplace:  # x2 already holds the gradient of the loss: scale it by dloss in place
+            return x2.mul_(dloss.to(x2.dtype)).view(shape), None, None, None, None, None, None
+        m = x2.shape[0]
+        if reduction == "mean":
+            drows = (dloss.float() / (t2 != ignore_index).sum()).expand(m)
+        elif reduction == "sum":
+            drows = dloss.float().expand(m)
+        else:
+            drows = dloss.float().reshape(m)
+        grad = torch.empty_like(x2)
+        if m:
+            cross_entropy_bwd(x2, t2, lse, drows, grad, ignore_index, smoothing, z)
+        return grad.view(shape), None, None, None, None, None, None
+
+
+def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: float = 0.0,
+                  reduction: str = "mean", lse_square_scale: float = 0.0,
+                  inplace_backward: bool = False):
+    """Cross-entropy of ``logits`` (..., V) against class indices ``target`` (...).
+
+    The class dim is the last one (``F.cross_entropy`` takes it at dim 1). The loss is fp32.
+
+    Args:
+        logits: CUDA tensor, float32 / float16 / bfloat16.
+        target: int64 or int32, logits' shape without the last dim.
+        ignore_index: rows with this target count 0 and are left out of the mean.
+        label_smoothing: eps in [0, 1]: the target distribution is (1 - eps) one-hot + eps / V.
+        reduction: "mean" (over counted rows; NaN if none, as torch), "sum" or "none".
+        lse_square_scale: z-loss, adds ``scale * lse^2`` per counted row.
+        inplace_backward: compute the gradient during the forward and write it over
+            ``logits`` (whose values are lost), so no second logits-sized buffer is allocated;
+            the backward only scales it. Not with reduction="none"; eager mode only (under
+            torch.compile the regular path runs).
+
+    Constraints:
+      - V up to 524288
+      - a target outside [0, V) that is not ``ignore_index`` gives a NaN loss for its row (no
+        device assert, never an out-of-bounds read)
+    """
+    _check(logits, target, ignore_index, label_smoothing, reduction, lse_square_scale)
+    if logits.dim() == 0 or tuple(target.shape) != tuple(logits.shape[:-1]):
+        raise UnsupportedError(
+            f"target must have logits' shape without the class dim: logits {tuple(logits.shape)}, "
+            f"target {tuple(target.shape)}"
+        )
+    if inplace_backward and reduction == "none":
+        raise UnsupportedError("inplace_backward needs reduction='mean' or 'sum'")
+    if logits.shape[-1] == 0:
+        raise UnsupportedError("logits must have at least one class")
+    row_config(logits.shape[-1], 1, 4, tensors_held=1)  # refuse rows too long before running
+    needs_grad = logits.requires_grad and torch.is_grad_enabled()
+    inplace = bool(inplace_backward and needs_grad and not torch.compiler.is_compiling())
+    return _CrossEntropy.apply(logits, target, ignore_index, float(label_smoothing), reduction,
+                               float(lse_square_scale), inplace)
+
+
+# ----------------------------------------------------------------------------- fused linear CE
+
+
+def chunk_rows(tokens: int, hidden: int, vocab: int, itemsize: int, free_bytes: int) -> int:
+    """Tokens per chunk of the fused linear cross-entropy.
+
+    A chunk's logits (rows x vocab) take no more memory than the hidden states themselves, and
+    at most a quarter of the free device memory; the row count is a power of two (at least 64,
+    or all tokens when fewer). Larger chunks run the weight-gradient update fewer times (each
+    update reads and writes the whole weight gradient), smaller ones hold less memory.
+    """
+    budget = min(tokens * hidden * itemsize, free_bytes // 4)
+    rows = max(1, budget // max(1, vocab * itemsize))
+    chunk = 1 << (rows.bit_length() - 1)
+    return max(1, min(tokens, max(64, chunk)))
+
+
+class _FusedLinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, target, bias, ignore_index, smoothing, reduction, chunk):
+        h2, t2 = _rows(hidden), target.reshape(-1)
+        tokens, vocab = h2.shape[0], weight.shape[0]
+        device = hidden.device
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        need_b = bias is not None and ctx.needs_input_grad[3]
+        grads = need_h or need_w or need_b
+        loss_rows = torch.empty(tokens, dtype=torch.float32, device=device)
+        lse = torch.empty(tokens, dtype=torch.float32, device=device)
+        counted = (t2 != ignore_index).sum()
+        scale = (1.0 / counted.float()).reshape(1) if reduction == "mean" else torch.ones(1, device=device)
+        grad_h = torch.empty_like(h2) if need_h else None
+        grad_w = torch.zeros_like(weight) if need_w else None
+        grad_b = torch.zeros(vocab, dtype=torch.float32, device=device) if need_b else None
+        if chunk is None:
+            chunk = chunk_rows(tokens, h2.shape[1], vocab, h2.element_size(),
+                               torch.cuda.mem_get_info(device)[0])
+        buffer = torch.empty((min(chunk, tokens), vocab), dtype=hidden.dtype, device=device)
+        w_t = weight.t()
+        for start in range(0, tokens, chunk):
+            end = min(start + chunk, tokens)
+            h, logits = h2[start:end], buffer[: end - start]
+            if bias is None:
+                torch.mm(h, w_t, out=logits)
+            else:
+                torch.addmm(bias, h, w_t, out=logits)
+            cross_entropy_fwd(logits, t2[start:end], loss_rows[start:end], lse[start:end],
+                              logits if grads else None, scale if grads else None, ignore_index,
+                              smoothing, 0.0)
+            if need_h:
+                torch.mm(logits, weight, out=grad_h[start:end])
+            if need_w:
+                grad_w.addmm_(logits.t(), h)
+            if need_b:
+                grad_b += logits.sum(0, dtype=torch.float32)
+        ctx.save_for_backward(grad_h, grad_w, grad_b)
+        ctx.shapes = (hidden.shape, None if bias is None else bias.dtype)
+        total = loss_rows.sum()
+        return total / counted if reduction == "mean" else total
+
+    @staticmethod
+    def backward(ctx, dloss):
+        grad_h, grad_w, grad_b = ctx.saved_tensors
+        hidden_shape, bias_dtype = ctx.shapes
+        if grad_h is not None:
+            grad_h = grad_h.mul_(dloss.to(grad_h.dtype)).view(hidden_shape)
+        if grad_w is not None:
+            grad_w = grad_w.mul_(dloss.to(grad_w.dtype))
+        if grad_b is not None:
+            grad_b = (grad_b * dloss).to(bias_dtype)
+        return grad_h, grad_w, None, grad_b, None, None, None, None
+
+
+def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: int = -100,
+                               label_smoothing: float = 0.0, reduction: str = "mean",
+                               chunk_size: int | None = None):
+    """``cross_entropy(hidden @ weight.T + bias, target)`` without materializing the logits.
+
+    Tokens are processed in chunks: the chunk's logits come from one GEMM, the cross-entropy
+    kernel turns them into their gradient in place, and that gradient feeds the hidden and weight
+    (and bias) gradients right away, so at most one chunk of logits exists at a time. Gradients
+    are computed during the forward and scaled by the incoming gradient in the backward.
+
+    Args:
+        hidden: (..., H) CUDA tensor, float32 / float16 / bfloat16.
+        weight: (V, H), hidden's dtype.  bias: optional (V,).
+        target: (...) int64 / int32 class indices.
+        reduction: "mean" or "sum".
+        chunk_size: tokens per chunk (default: :func:`chunk_rows`).
+
+    Constraints:
+      - the weight gradient accumulates chunk by chunk in the weight's dtype
+      - V up to 524288; label smoothing as in :func:`cross_entropy`
+    """
+    _check(hidden, target, ignore_index, label_smoothing, reduction, 0.0, what="hidden")
+    if reduction == "none":
+        raise UnsupportedError("fused_linear_cross_entropy supports reduction='mean' or 'sum'")
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise UnsupportedError(
+            f"weight must be (V, H) with H = hidden.shape[-1] = {hidden.shape[-1]}, got "
+            f"{describe(weight)}"
+        )
+    if weight.device != hidden.device or weight.dtype != hidden.dtype:
+        raise DTypeError(f"weight must be on {hidden.device} with dtype {hidden.dtype}: {describe(weight)}")
+    if bias is not None and (tuple(bias.shape) != (weight.shape[0],) or bias.device != hidden.device):
+        raise UnsupportedError(f"bias must be ({weight.shape[0]},) on {hidden.device}: {describe(bias)}")
+    if tuple(target.shape) != tuple(hidden.shape[:-1]):
+        raise UnsupportedError(
+            f"target {tuple(target.shape)} must have hidden's shape without the last dim "
+            f"{tuple(hidden.shape[:-1])}"
+        )
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise UnsupportedError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    row_config(weight.shape[0], 1, 4, tensors_held=1)
+    return _FusedLinearCrossEntropy.apply(hidden, weight, target, bias, ignore_index,
+                                          float(label_smoothing), reduction, chunk_size)
+
+
+# ----------------------------------------------------------------------------- configurations
+
+SAMPLE_VOCABS = (1, 7, 1000, 4096, 32000, 32768, 128256, 131072, 262144)
+
+
+def compile_configurations(quick: bool = False):
+    """(kernel class, config, specs) for the cross-entropy kernels: forward with and without
+    the gradient, backward; with and without label smoothing and z-loss; bf16 / fp16 / fp32."""
+    found = {}
+    vocabs = (7, 32768, 128256) if quick else SAMPLE_VOCABS
+    dtypes = (torch.bfloat16,) if quick else (torch.bfloat16, torch.float16, torch.float32)
+    for x_t in dtypes:
+        for n in vocabs:
+            vec = vector_width(n, widest_itemsize((x_t,)), 0)
+            for smoothing, z in ((False, False), (True, True)):
+                for grad_t in (None, x_t):
+                    key = (x_t, torch.int64, grad_t, smoothing, z, n)
+                    found[("fwd",) + key] = _build_forward(key, vec)
+                key = (x_t, torch.int64, x_t, smoothing, z, n)
+                found[("bwd",) + key] = _build_backward(key, vec)
+    return list(found.values())
+
+
+def self_checks():
+    """Rows of the ``python -m cute_kernels`` table for cross-entropy."""
+    from ..runtime.selfcheck import SelfCheck
+
+    checks = []
+    for m, v in ((4096, 32768), (512, 128256)):
+        x = torch.randn(m, v, device="cuda", dtype=torch.bfloat16)
+        t = torch.randint(0, v, (m,), device="cuda")
+        ref = torch.nn.functional.cross_entropy(x.double(), t, reduction="none")
+        checks.append(SelfCheck(
+            "cross_entropy", f"{m}x{v}", "bfloat16",
+            lambda x=x, t=t: cross_entropy(x, t, reduction="none"),
+            lambda x=x, t=t: torch.nn.functional.cross_entropy(x, t, reduction="none"), ref, 1e-3))
+    return checks

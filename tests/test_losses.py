@@ -1,0 +1,202 @@
+"""Cross-entropy and fused linear cross-entropy against float64 references."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cute_kernels as ck
+from cute_kernels.norms.cross_entropy_op import chunk_rows, cross_entropy_fwd
+
+gpu = pytest.mark.gpu
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+VOCABS = [1, 7, 192, 760, 1128, 4096, 8192, 65536, 131072, 262144]
+
+
+def ref_ce(logits, target, ignore_index=-100, smoothing=0.0, reduction="mean", z=0.0):
+    x = logits.double()
+    loss = F.cross_entropy(x, target, ignore_index=ignore_index, label_smoothing=smoothing, reduction="none")
+    valid = target != ignore_index
+    if z:
+        loss = loss + z * torch.logsumexp(x, -1).pow(2) * valid
+    if reduction == "none":
+        return loss
+    return loss.sum() if reduction == "sum" else loss.sum() / valid.sum()
+
+
+# ---------------------------------------------------------------- no GPU needed
+
+
+def test_cpu_tensor_is_refused():
+    with pytest.raises(ck.DeviceError):
+        ck.cross_entropy(torch.randn(4, 8), torch.zeros(4, dtype=torch.long))
+
+
+def test_chunk_rows_matches_memory_budget():
+    # hidden 8192x4096 bf16 = 64 MiB; vocab 128256: 64 MiB / (128256 * 2) -> 256 rows
+    assert chunk_rows(8192, 4096, 128256, 2, 80 << 30) == 256
+    assert chunk_rows(100, 4096, 128256, 2, 80 << 30) == 64
+    assert chunk_rows(10, 64, 1000, 2, 80 << 30) == 10
+    assert chunk_rows(8192, 4096, 128256, 2, 1 << 30) == 256
+
+
+# ---------------------------------------------------------------- GPU
+
+
+@gpu
+@pytest.mark.parametrize("v", VOCABS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_forward_and_backward(v, dtype):
+    m = max(2, min(67, 4_000_000 // v))
+    x = (torch.randn(m, v, device="cuda", dtype=dtype) * 3).requires_grad_()
+    t = torch.randint(0, v, (m,), device="cuda")
+    t[1] = -100
+    loss = ck.cross_entropy(x, t)
+    ref = ref_ce(x.detach(), t)
+    assert loss.dtype == torch.float32
+    assert abs(loss.item() - ref.item()) <= 1e-5 * max(1, abs(ref.item())) + 1e-5
+    (dx,) = torch.autograd.grad(loss, x)
+    x64 = x.detach().double().requires_grad_()
+    (dx_ref,) = torch.autograd.grad(ref_ce(x64, t), x64)
+    (dx_t,) = torch.autograd.grad(F.cross_entropy(x, t), x)
+    ours_err = (dx.double() - dx_ref).abs().max().item()
+    torch_err = (dx_t.double() - dx_ref).abs().max().item()
+    assert ours_err <= 2 * torch_err + 1e-6, (ours_err, torch_err)
+    assert (dx[1] == 0).all()
+
+
+@gpu
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("smoothing,z", [(0.0, 0.0), (0.1, 0.0), (0.0, 1e-4), (0.2, 1e-3)])
+def test_options(reduction, smoothing, z):
+    m, v = 50, 5000
+    x = torch.randn(m, v, device="cuda", dtype=torch.float32, requires_grad=True)
+    t = torch.randint(0, v, (m,), device="cuda")
+    t[::7] = 3  # ignore_index=3 is also a valid class: ignored all the same
+    loss = ck.cross_entropy(x, t, ignore_index=3, label_smoothing=smoothing, reduction=reduction,
+                            lse_square_scale=z)
+    x64 = x.detach().double().requires_grad_()
+    ref = ref_ce(x64, t, 3, smoothing, reduction, z)
+    torch.testing.assert_close(loss.double(), ref, atol=1e-5, rtol=1e-5)
+    g = torch.randn_like(ref)
+    (dx,) = torch.autograd.grad(loss, x, g.float())
+    (dx_ref,) = torch.autograd.grad(ref, x64, g)
+    torch.testing.assert_close(dx.double(), dx_ref, atol=1e-6, rtol=1e-4)
+
+
+@gpu
+def test_all_ignored_and_out_of_range_and_empty():
+    x = torch.randn(4, 100, device="cuda", requires_grad=True)
+    t = torch.full((4,), -100, device="cuda")
+    loss = ck.cross_entropy(x, t)
+    assert loss.isnan()  # 0 / 0, as torch
+    assert ck.cross_entropy(x, t, reduction="sum").item() == 0.0
+    t = torch.tensor([0, 100, -5, 99], device="cuda")
+    rows = ck.cross_entropy(x, t, reduction="none")
+    assert rows[1].isnan() and rows[2].isnan() and not rows[0].isnan() and not rows[3].isnan()
+    empty = ck.cross_entropy(torch.randn(0, 10, device="cuda"), torch.zeros(0, dtype=torch.long, device="cuda"), reduction="sum")
+    assert empty.item() == 0.0
+
+
+@gpu
+def test_nan_inf_logits_and_poisoned_outputs():
+    x = torch.randn(6, 3000, device="cuda", dtype=torch.bfloat16)
+    x[2, 5] = float("nan")
+    x[3, 9] = float("inf")
+    t = torch.randint(0, 3000, (6,), device="cuda")
+    ours = ck.cross_entropy(x, t, reduction="none")
+    theirs = F.cross_entropy(x.float(), t, reduction="none")
+    assert torch.equal(ours.isnan(), theirs.isnan())
+    loss = torch.full((6,), float("nan"), device="cuda")
+    lse = torch.full((6,), float("nan"), device="cuda")
+    y = torch.randn(6, 3000, device="cuda", dtype=torch.bfloat16)
+    cross_entropy_fwd(y, t, loss, lse, None, None, -100, 0.0, 0.0)
+    assert not loss.isnan().any() and not lse.isnan().any()
+    torch.testing.assert_close(lse, torch.logsumexp(y.float(), -1), atol=1e-4, rtol=1e-5)
+
+
+@gpu
+def test_inplace_backward_and_leading_dims_and_int32_targets():
+    x = torch.randn(2, 9, 32000, device="cuda", dtype=torch.bfloat16)
+    t = torch.randint(0, 32000, (2, 9), device="cuda", dtype=torch.int32)
+    ref_loss = ref_ce(x.reshape(-1, 32000), t.reshape(-1).long())
+    x64 = x.double().requires_grad_()
+    (dx_ref,) = torch.autograd.grad(ref_ce(x64.reshape(-1, 32000), t.reshape(-1).long()) * 2.0, x64)
+    a = x.clone().requires_grad_()
+    loss = ck.cross_entropy(a, t, inplace_backward=True)
+    (da,) = torch.autograd.grad(loss * 2.0, a)
+    assert abs(loss.item() - ref_loss.item()) < 1e-4
+    assert (da.double() - dx_ref).abs().max().item() < 2e-4
+
+
+@gpu
+def test_torch_compile_fullgraph_and_module():
+    loss_fn = ck.CrossEntropyLoss(label_smoothing=0.1)
+    f = torch.compile(lambda x, t: loss_fn(x * 2, t), fullgraph=True)
+    x = torch.randn(64, 1000, device="cuda", requires_grad=True)
+    t = torch.randint(0, 1000, (64,), device="cuda")
+    loss = f(x, t)
+    ref = torch.nn.CrossEntropyLoss(label_smoothing=0.1)(x * 2, t)
+    torch.testing.assert_close(loss, ref)
+    torch.testing.assert_close(torch.autograd.grad(loss, x)[0], torch.autograd.grad(ref, x)[0])
+    x3 = torch.randn(4, 10, 7, device="cuda")
+    t3 = torch.randint(0, 10, (4, 7), device="cuda")
+    torch.testing.assert_close(ck.CrossEntropyLoss()(x3, t3), torch.nn.CrossEntropyLoss()(x3, t3))
+
+
+@gpu
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_fused_linear_cross_entropy(bias, reduction):
+    tokens, hidden, vocab = 300, 256, 5000
+    h = (torch.randn(tokens, hidden, device="cuda") / 4).requires_grad_()
+    w = (torch.randn(vocab, hidden, device="cuda") / 4).requires_grad_()
+    b = torch.randn(vocab, device="cuda", requires_grad=True) if bias else None
+    t = torch.randint(0, vocab, (tokens,), device="cuda")
+    t[::5] = -100
+    loss = ck.fused_linear_cross_entropy(h, w, t, b, reduction=reduction, label_smoothing=0.1,
+                                         chunk_size=64)
+    params = [h, w] + ([b] if bias else [])
+    grads = torch.autograd.grad(loss * 3.0, params)
+    p64 = [p.detach().double().requires_grad_() for p in params]
+    logits = p64[0] @ p64[1].t() + (p64[2] if bias else 0)
+    ref = ref_ce(logits, t, smoothing=0.1, reduction=reduction)
+    refs = torch.autograd.grad(ref * 3.0, p64)
+    torch.testing.assert_close(loss.double(), ref, atol=1e-4, rtol=1e-4)
+    for g, r in zip(grads, refs):
+        assert (g.double() - r).abs().max().item() <= 2e-3 * r.abs().max().item() + 1e-6
+
+
+@gpu
+def test_fused_linear_cross_entropy_bf16_matches_unfused():
+    tokens, hidden, vocab = 1000, 512, 32000
+    h = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16) / 16).requires_grad_()
+    t = torch.randint(0, vocab, (tokens,), device="cuda")
+    loss = ck.FusedLinearCrossEntropyLoss()(h, w, t)
+    dh, dw = torch.autograd.grad(loss, [h, w])
+    h64, w64 = (p.detach().double().requires_grad_() for p in (h, w))
+    ref = ref_ce(h64 @ w64.t(), t)
+    rh, rw = torch.autograd.grad(ref, [h64, w64])
+    assert abs(loss.item() - ref.item()) < 2e-2
+    assert (dh.double() - rh).abs().max().item() <= 2e-2 * rh.abs().max().item()
+    assert (dw.double() - rw).abs().max().item() <= 2e-2 * rw.abs().max().item()
+
+
+@gpu
+def test_bad_inputs_raise_clear_errors():
+    x = torch.randn(4, 10, device="cuda")
+    t = torch.zeros(4, dtype=torch.long, device="cuda")
+    with pytest.raises(ck.UnsupportedError, match="target"):
+        ck.cross_entropy(x, torch.zeros(5, dtype=torch.long, device="cuda"))
+    with pytest.raises(ck.DTypeError, match="target"):
+        ck.cross_entropy(x, t.float())
+    with pytest.raises(ck.UnsupportedError, match="reduction"):
+        ck.cross_entropy(x, t, reduction="avg")
+    with pytest.raises(ck.UnsupportedError, match="label_smoothing"):
+        ck.cross_entropy(x, t, label_smoothing=1.5)
+    with pytest.raises(ck.DeviceError, match="target"):
+        ck.cross_entropy(x, t.cpu())
+    with pytest.raises(ck.UnsupportedError, match="weight"):
+        ck.fused_linear_cross_entropy(x, torch.randn(7, 11, device="cuda"), t)
+    with pytest.raises(ck.UnsupportedError, match="reduction"):
+        ck.fused_linear_cross_entropy(x, torch.randn(7, 10, device="cuda"), t, reduction="none")
