@@ -29,10 +29,17 @@ def variants(n, held):
     if base.num_threads == 128 and base.rows_per_cta > 1 or base.threads_per_row < 128:
         out["direct_256t"] = dataclasses.replace(base, num_threads=256)
         out["staged_256t"] = dataclasses.replace(base, num_threads=256, stage_smem=True)
+    if base.cluster_n > 1:
+        for c in (base.cluster_n // 2, base.cluster_n * 2):
+            if 1 < c <= 16 and dataclasses.replace(base, cluster_n=c).elems_per_thread <= 128 // held:
+                out[f"cluster{c}"] = dataclasses.replace(base, cluster_n=c)
     return out
 
 
 def main():
+    global SHAPES
+    if len(sys.argv) > 1:
+        SHAPES = [tuple(int(d) for d in arg.split("x")) for arg in sys.argv[1:]]
     fwd_fns, bwd_fns = {}, {}
     for m, n in SHAPES:
         x = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)

@@ -124,8 +124,11 @@ def test_inplace_backward_and_leading_dims_and_int32_targets():
     a = x.clone().requires_grad_()
     loss = ck.cross_entropy(a, t, inplace_backward=True)
     (da,) = torch.autograd.grad(loss * 2.0, a)
+    b = x.clone().requires_grad_()
+    (db,) = torch.autograd.grad(F.cross_entropy(b.reshape(-1, 32000), t.reshape(-1).long()) * 2.0, b)
     assert abs(loss.item() - ref_loss.item()) < 1e-4
-    assert (da.double() - dx_ref).abs().max().item() < 2e-4
+    torch_err = (db.double() - dx_ref).abs().max().item()
+    assert (da.double() - dx_ref).abs().max().item() <= 2 * torch_err + 1e-6
 
 
 @gpu

@@ -9,7 +9,10 @@ backward. Optionally the forward also writes the gradient (times a scale read fr
 memory, e.g. 1 / number of counted rows), so the logits are read once for loss and gradient;
 the gradient may overwrite the logits.
 
-Backward, elementwise with the stored lse (no reduction):
+When the forward wrote the gradient, the backward only scales it by the incoming gradient
+(``ScaleRowsSm90``, which skips all memory traffic when that is 1).
+
+Backward from the logits, elementwise with the stored lse (no reduction):
     dx = dloss[row] * (p * (1 + 2 z lse) - eps / V - (1 - eps) * [j == t]),   p = exp(x - lse)
 and 0 for ignored rows. ``dloss`` may have row stride 0 (a broadcast scalar).
 
@@ -40,8 +43,6 @@ from .rows import (
     load_fragments,
     make_row_copy,
     reduction_workspace,
-    stage_buffer,
-    stage_view,
     store_fragment,
     thread_fragment,
 )
@@ -70,17 +71,31 @@ def _load_target(mTarget: cute.Tensor, row, m_rows, ignore_index: Int64) -> Int6
     return target
 
 
+@cute.jit
+def _load_logit(mX: cute.Tensor, row, target: Int64, in_range: Boolean) -> Float32:
+    value = Float32(0.0)
+    if row < mX.shape[0] and in_range:
+        value = mX[row, target].to(Float32)
+    return value
+
+
+@cute.jit
+def _load_row_pair(mA: cute.Tensor, mB: cute.Tensor, row, m_rows):
+    a, b = Float32(0.0), Float32(0.0)
+    if row < m_rows:
+        a, b = mA[row], mB[row]
+    return a, b
+
+
 class _CrossEntropyKernel(RowKernel):
-    def _row_info(self, mX, mTarget, tile, ignore_index):
-        """This thread's coordinates, in-bounds flags, row, target, and flags ``counted``
-        (a real row whose target is not ignored) and ``in_range`` (0 <= target < V)."""
-        coords = self._coords(mX, tile)
-        pred = bounds_predicate(coords, mX.shape[0], self.rows)
+    def _row_info(self, mX, mTarget, coords, ignore_index):
+        """This thread's row, its target, and the flags ``counted`` (a real row whose target is
+        not ignored) and ``in_range`` (0 <= target < V)."""
         row = coords[0][0]
         target = _load_target(mTarget, row, mX.shape[0], ignore_index)
         counted = target != Int64(ignore_index)
         in_range = (target >= Int64(0)) & (target < Int64(self.rows.n))
-        return coords, pred, row, target, counted, in_range
+        return row, target, counted, in_range
 
     @cute.jit
     def _gradient(self, mGrad, coords, pred, tile, x, lse, scale, target, counted, in_range,
@@ -125,17 +140,14 @@ class CrossEntropyFwdSm90(_CrossEntropyKernel):
         width = 3 if const_expr(cfg.smoothing) else 2
         buffer, mbar_ptr = reduction_workspace(smem, rows, width, 1)
         tile = self._tile(cute.arch.block_idx()[0])
-        coords, pred, row, target, counted, in_range = self._row_info(mX, mTarget, tile, ignore_index)
-        x_target = Float32(0.0)
-        if row < mX.shape[0] and in_range:
-            x_target = mX[row, target].to(Float32)
-        copy_x = make_row_copy(mX.element_type, rows)
-        tXgX = thread_fragment(mX, copy_x, rows, tile)
+        coords = self._coords(mX, tile)
+        pred = bounds_predicate(coords, mX.shape[0], rows)
+        # The row's loads go out first; the target (two dependent scalar loads) behind them.
+        tXgX = thread_fragment(mX, make_row_copy(mX.element_type, rows), rows, tile)
         tXrX = cute.make_rmem_tensor_like(tXgX)
-        tXsX = None
-        if const_expr(rows.stage_smem):
-            tXsX = stage_view(stage_buffer(smem, mX.element_type, rows), copy_x, 0)
-        load_fragments(pred, (tXgX, tXrX, tXsX, -mX.element_type.inf))
+        load_fragments(pred, (tXgX, tXrX, None, -mX.element_type.inf))
+        row, target, counted, in_range = self._row_info(mX, mTarget, coords, ignore_index)
+        x_target = _load_logit(mX, row, target, in_range)
         x = tXrX.load().to(Float32)
 
         group = const_expr(min(rows.threads_per_row, 32))
@@ -190,13 +202,33 @@ class CrossEntropyBwdSm90(_CrossEntropyKernel):
                z_scale: Float32):
         rows = self.rows
         tile = self._tile(cute.arch.block_idx()[0])
-        coords, pred, row, target, counted, in_range = self._row_info(mX, mTarget, tile, ignore_index)
-        lse, dloss = Float32(0.0), Float32(0.0)
-        if row < mX.shape[0]:
-            lse = mLse[row]
-            dloss = mdLoss[row]
+        coords = self._coords(mX, tile)
+        pred = bounds_predicate(coords, mX.shape[0], rows)
         tXgX = thread_fragment(mX, make_row_copy(mX.element_type, rows), rows, tile)
         tXrX = cute.make_rmem_tensor_like(tXgX)
         load_fragments(pred, (tXgX, tXrX, None, mX.element_type(0)))
+        row, target, counted, in_range = self._row_info(mX, mTarget, coords, ignore_index)
+        lse, dloss = _load_row_pair(mLse, mdLoss, row, mX.shape[0])
         self._gradient(mGrad, coords, pred, tile, tXrX.load().to(Float32), lse, dloss, target,
                        counted, in_range, smoothing, z_scale)
+
+
+class ScaleRowsSm90(RowKernel):
+    """x[M, N] *= scale[0] in place, unless scale[0] == 1: then every CTA returns at once, so
+    the usual ``loss.backward()`` costs one launch and no memory traffic."""
+
+    @cute.jit
+    def __call__(self, mX, mScale, stream):
+        self._launch(self.kernel(mX, mScale), cute.ceil_div(mX.shape[0], self.rows.rows_per_cta), stream)
+
+    @cute.kernel
+    def kernel(self, mX, mScale):
+        scale = Float32(mScale[0])
+        if scale != Float32(1.0):
+            tile = self._tile(cute.arch.block_idx()[0])
+            pred = bounds_predicate(self._coords(mX, tile), mX.shape[0], self.rows)
+            tXgX = thread_fragment(mX, make_row_copy(mX.element_type, self.rows), self.rows, tile)
+            tXrX = cute.make_rmem_tensor_like(tXgX)
+            load_fragments(pred, (tXgX, tXrX, None, mX.element_type(0)))
+            tXrX.store((tXrX.load().to(Float32) * scale).to(mX.element_type))
+            store_fragment(tXrX, tXgX, pred)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..runtime import DeviceError, DTypeError, ScalarSpec, Sym, TensorSpec, UnsupportedError, kernel_op
 from ..runtime.errors import describe
 from .config import row_config
-from .cross_entropy import CrossEntropyBwdSm90, CrossEntropyConfig, CrossEntropyFwdSm90
+from .cross_entropy import CrossEntropyBwdSm90, CrossEntropyConfig, CrossEntropyFwdSm90, ScaleRowsSm90
 from .dispatch import RowKernels, row_specs, vector_width, widest_itemsize
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -27,6 +29,8 @@ def _target_spec(dtype):
 def _build_forward(key, vec):
     x_t, target_t, grad_t, smoothing, z_loss, n = key
     rows = row_config(n, vec, widest_itemsize((x_t, grad_t)), tensors_held=1)
+    # Direct loads, so the target's dependent scalar loads overlap the row's.
+    rows = dataclasses.replace(rows, stage_smem=False)
     config = CrossEntropyConfig(rows, smoothing, z_loss, grad_t is not None)
     x = row_specs((x_t,), n, vec)
     grad = None if grad_t is None else row_specs((grad_t,), n, vec)[0]
@@ -46,8 +50,22 @@ def _build_backward(key, vec):
     return CrossEntropyBwdSm90, config, specs
 
 
+def _build_scale(key, vec):
+    x_t, n = key
+    rows = dataclasses.replace(row_config(n, vec, widest_itemsize((x_t,)), tensors_held=1), stage_smem=False)
+    x = row_specs((x_t,), n, vec)
+    return ScaleRowsSm90, rows, (x[0], _SCALE, x[-1])
+
+
 _forward_kernels = RowKernels(_build_forward)
 _backward_kernels = RowKernels(_build_backward)
+_scale_kernels = RowKernels(_build_scale)
+
+
+@kernel_op("scale_rows", mutates_args=("x",))
+def scale_rows(x: torch.Tensor, scale: torch.Tensor) -> None:
+    """x[M, N] *= scale (a 1-element fp32 tensor), in place; nothing moves when scale is 1."""
+    _scale_kernels((x.dtype, x.shape[1]), (x,), x, scale)
 
 
 @kernel_op(
@@ -123,36 +141,45 @@ def _reduce(loss_rows, target_rows, ignore_index, reduction, target_shape):
 
 
 class _CrossEntropy(torch.autograd.Function):
+    """With reduction "mean" or "sum" and a gradient needed, the forward writes the gradient
+    (for an incoming gradient of 1) while it reads the logits, and the backward only scales it:
+    the logits are read once in all. With reduction "none" the backward recomputes the gradient
+    from the logits and the stored lse."""
+
     @staticmethod
     def forward(ctx, logits, target, ignore_index, smoothing, reduction, z, inplace):
         x2, t2 = _rows(logits), target.reshape(-1)
         m = x2.shape[0]
         loss_rows = torch.empty(m, dtype=torch.float32, device=logits.device)
         lse = torch.empty(m, dtype=torch.float32, device=logits.device)
+        fused = reduction != "none" and any(ctx.needs_input_grad)
         grad = scale = None
-        if inplace:
-            grad = x2
-            counted = (t2 != ignore_index).sum().float() if reduction == "mean" else None
-            scale = (1.0 / counted).reshape(1) if counted is not None else torch.ones(1, device=logits.device)
+        if fused:
+            grad = x2 if inplace else torch.empty_like(x2)
+            if reduction == "mean":
+                scale = (1.0 / (t2 != ignore_index).sum().float()).reshape(1)
+            else:
+                scale = torch.ones(1, dtype=torch.float32, device=logits.device)
         if m:
             cross_entropy_fwd(x2, t2, loss_rows, lse, grad, scale, ignore_index, smoothing, z)
-        ctx.args = (ignore_index, smoothing, reduction, z, inplace, logits.shape)
-        ctx.save_for_backward(x2, t2, lse)
+        ctx.args = (ignore_index, smoothing, reduction, z, fused, logits.shape)
+        if fused:
+            ctx.save_for_backward(grad)
+        else:
+            ctx.save_for_backward(x2, t2, lse)
         return _reduce(loss_rows, t2, ignore_index, reduction, target.shape)
 
     @staticmethod
     def backward(ctx, dloss):
-        ignore_index, smoothing, reduction, z, inplace, shape = ctx.args
+        ignore_index, smoothing, reduction, z, fused, shape = ctx.args
+        if fused:
+            (grad,) = ctx.saved_tensors
+            if grad.shape[0]:
+                scale_rows(grad, dloss.float().reshape(1))
+            return grad.view(shape), None, None, None, None, None, None
         x2, t2, lse = ctx.saved_tensors
-        if inplace:  # x2 already holds the gradient of the loss: scale it by dloss in place
-            return x2.mul_(dloss.to(x2.dtype)).view(shape), None, None, None, None, None, None
         m = x2.shape[0]
-        if reduction == "mean":
-            drows = (dloss.float() / (t2 != ignore_index).sum()).expand(m)
-        elif reduction == "sum":
-            drows = dloss.float().expand(m)
-        else:
-            drows = dloss.float().reshape(m)
+        drows = dloss.float().reshape(m)
         grad = torch.empty_like(x2)
         if m:
             cross_entropy_bwd(x2, t2, lse, drows, grad, ignore_index, smoothing, z)
@@ -173,10 +200,13 @@ def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: flo
         label_smoothing: eps in [0, 1]: the target distribution is (1 - eps) one-hot + eps / V.
         reduction: "mean" (over counted rows; NaN if none, as torch), "sum" or "none".
         lse_square_scale: z-loss, adds ``scale * lse^2`` per counted row.
-        inplace_backward: compute the gradient during the forward and write it over
-            ``logits`` (whose values are lost), so no second logits-sized buffer is allocated;
-            the backward only scales it. Not with reduction="none"; eager mode only (under
-            torch.compile the regular path runs).
+        inplace_backward: write the gradient over ``logits`` (whose values are lost) instead
+            of a new buffer, saving one logits-sized allocation. Not with reduction="none";
+            eager mode only (under torch.compile the regular path runs).
+
+    With a gradient needed and reduction "mean" or "sum", the gradient is computed in the
+    forward (the logits are read once) and kept until the backward, which scales it by the
+    incoming gradient (no memory traffic when that is 1).
 
     Constraints:
       - V up to 524288
@@ -331,6 +361,7 @@ def compile_configurations(quick: bool = False):
     for x_t in dtypes:
         for n in vocabs:
             vec = vector_width(n, widest_itemsize((x_t,)), 0)
+            found[("scale", x_t, n)] = _build_scale((x_t, n), vec)
             for smoothing, z in ((False, False), (True, True)):
                 for grad_t in (None, x_t):
                     key = (x_t, torch.int64, grad_t, smoothing, z, n)

@@ -112,6 +112,9 @@ class NormFwdSm90(_NormKernel):
                 tXsR = stage_view(stage_buffer(smem, mR.element_type, rows), make_row_copy(mR.element_type, rows), 0)
             loads.append((tXgR, tXrR, tXsR, mR.element_type(0)))
         load_fragments(pred, *loads)
+        # Weight and bias loads go out before the reductions so their latency hides behind them.
+        w = self._load_vector(mW, tile) if const_expr(cfg.weight) else None
+        b = self._load_vector(mB, tile) if const_expr(cfg.bias) else None
         h = tXrX.load().to(Float32)
         if const_expr(cfg.residual):
             h = h + tXrR.load().to(Float32)
@@ -144,9 +147,9 @@ class NormFwdSm90(_NormKernel):
         rstd = cute.math.rsqrt(squares * inv_n + eps, fastmath=True)
         y = h * rstd
         if const_expr(cfg.weight):
-            y = y * self._load_vector(mW, tile)
+            y = y * w
         if const_expr(cfg.bias):
-            y = y + self._load_vector(mB, tile)
+            y = y + b
         tXgY = self._fragment(mY, tile)
         tXrY = cute.make_rmem_tensor_like(tXgY)
         tXrY.store(y.to(mY.element_type))
