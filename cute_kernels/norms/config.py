@@ -81,6 +81,10 @@ def row_config(n: int, vec: int, widest_itemsize: int, tensors_held: int = 1) ->
         num_threads = 256
         per_cta = 256 * cap
     cluster_n = next((c for c in CLUSTER_SIZES if n <= per_cta * c), CLUSTER_SIZES[-1])
+    if cluster_n == 8:
+        # Measured on H100 at N = 131072 (bf16): 16 CTAs of 32 elements per thread beat 8 CTAs
+        # of 64 by 1.5% forward and 4% backward (benchmarks/NOTES.md).
+        cluster_n = 16
     config = RowConfig(n, vec, threads_per_row, num_threads, cluster_n)
     if config.elems_per_thread > cap:
         longest = cap * num_threads * CLUSTER_SIZES[-1]

@@ -98,27 +98,30 @@ class _CrossEntropyKernel(RowKernel):
         return row, target, counted, in_range
 
     @cute.jit
-    def _gradient(self, mGrad, coords, pred, tile, x, lse, scale, target, counted, in_range,
-                  smoothing: Float32, z_scale: Float32):
-        """Write scale * dloss/dx for this thread's slice of the row (0 for ignored rows)."""
-        cfg = self.config
-        p = cute.math.exp2(x * LOG2_E - lse * LOG2_E, fastmath=True)
-        if const_expr(cfg.z_loss):
-            p = p * (1.0 + 2.0 * z_scale * lse)
-        if const_expr(cfg.smoothing):
-            p = p - smoothing * (1.0 / self.rows.n)
-        tXgG = thread_fragment(mGrad, make_row_copy(mGrad.element_type, self.rows), self.rows, tile)
-        acc = cute.make_rmem_tensor_like(tXgG, Float32)
+    def _gradient(self, mGrad, coords, pred, tile, p, lse, scale, row, target, counted, in_range,
+                  x_target: Float32, smoothing: Float32, z_scale: Float32):
+        """Write scale * dloss/dx for this thread's slice of the row (0 for ignored rows), given
+        ``p`` = softmax of the slice. The
+        -(1 - eps) at the target column is written afterwards, as one scalar, by the thread
+        whose slice holds that column (its own earlier vector store is ordered before it)."""
+        cfg, rows = self.config, self.rows
         row_scale = scale if counted else Float32(0.0)
-        acc.store(p * row_scale)
-        hit = (1.0 - smoothing) * row_scale if const_expr(cfg.smoothing) else row_scale
-        if in_range:
-            for i in cutlass.range_constexpr(cute.size(acc)):
-                if coords[i][1] == target:
-                    acc[i] = acc[i] - hit
+        factor = 1.0 + 2.0 * z_scale * lse if const_expr(cfg.z_loss) else Float32(1.0)
+        floor = smoothing * (1.0 / rows.n) if const_expr(cfg.smoothing) else Float32(0.0)
+        tXgG = thread_fragment(mGrad, make_row_copy(mGrad.element_type, rows), rows, tile)
         tXrG = cute.make_rmem_tensor_like(tXgG)
-        tXrG.store(acc.load().to(mGrad.element_type))
+        tXrG.store(((p * factor - floor) * row_scale).to(mGrad.element_type))
         store_fragment(tXrG, tXgG, pred)
+        # Columns of this thread: first + k * stride + v for k < vecs_per_thread, v < vec.
+        offset = target - Int64(coords[0][1])
+        stride = rows.threads_per_row * rows.vec
+        mine = (offset >= Int64(0)) & (offset < Int64(stride * rows.vecs_per_thread)) & (
+            offset % Int64(stride) < Int64(rows.vec)
+        )
+        if counted and in_range and mine and row < mGrad.shape[0]:
+            p_t = cute.math.exp2(x_target * LOG2_E - lse * LOG2_E, fastmath=True)
+            hit = 1.0 - smoothing if const_expr(cfg.smoothing) else Float32(1.0)
+            mGrad[row, target] = ((p_t * factor - floor - hit) * row_scale).to(mGrad.element_type)
 
 
 class CrossEntropyFwdSm90(_CrossEntropyKernel):
@@ -142,12 +145,13 @@ class CrossEntropyFwdSm90(_CrossEntropyKernel):
         tile = self._tile(cute.arch.block_idx()[0])
         coords = self._coords(mX, tile)
         pred = bounds_predicate(coords, mX.shape[0], rows)
-        # The row's loads go out first; the target (two dependent scalar loads) behind them.
+        # Measured: issuing the target's two dependent scalar loads before the row's loads is
+        # faster than after them (benchmarks/NOTES.md).
+        row, target, counted, in_range = self._row_info(mX, mTarget, coords, ignore_index)
+        x_target = _load_logit(mX, row, target, in_range)
         tXgX = thread_fragment(mX, make_row_copy(mX.element_type, rows), rows, tile)
         tXrX = cute.make_rmem_tensor_like(tXgX)
         load_fragments(pred, (tXgX, tXrX, None, -mX.element_type.inf))
-        row, target, counted, in_range = self._row_info(mX, mTarget, coords, ignore_index)
-        x_target = _load_logit(mX, row, target, in_range)
         x = tXrX.load().to(Float32)
 
         group = const_expr(min(rows.threads_per_row, 32))
@@ -183,8 +187,10 @@ class CrossEntropyFwdSm90(_CrossEntropyKernel):
             mLoss[row] = loss
             mLse[row] = lse
         if const_expr(cfg.write_grad):
-            self._gradient(mGrad, coords, pred, tile, x, lse, Float32(mScale[0]), target, counted,
-                           in_range, smoothing, z_scale)
+            # softmax = e * exp(shift - lse): reuse e rather than keep x alive for another exp
+            p = e * cute.math.exp2((shift - lse) * LOG2_E, fastmath=True)
+            self._gradient(mGrad, coords, pred, tile, p, lse, Float32(mScale[0]), row, target,
+                           counted, in_range, x_target, smoothing, z_scale)
 
 
 class CrossEntropyBwdSm90(_CrossEntropyKernel):
@@ -209,8 +215,10 @@ class CrossEntropyBwdSm90(_CrossEntropyKernel):
         load_fragments(pred, (tXgX, tXrX, None, mX.element_type(0)))
         row, target, counted, in_range = self._row_info(mX, mTarget, coords, ignore_index)
         lse, dloss = _load_row_pair(mLse, mdLoss, row, mX.shape[0])
-        self._gradient(mGrad, coords, pred, tile, tXrX.load().to(Float32), lse, dloss, target,
-                       counted, in_range, smoothing, z_scale)
+        x_target = _load_logit(mX, row, target, in_range)
+        p = cute.math.exp2(tXrX.load().to(Float32) * LOG2_E - lse * LOG2_E, fastmath=True)
+        self._gradient(mGrad, coords, pred, tile, p, lse, dloss, row, target,
+                       counted, in_range, x_target, smoothing, z_scale)
 
 
 class ScaleRowsSm90(RowKernel):
