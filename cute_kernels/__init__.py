@@ -4,6 +4,7 @@
     y = ck.softmax(x, dim=-1)
 """
 
+from .gemm.op import gemm, gemm_fp8
 from .norms.cross_entropy_op import cross_entropy, fused_linear_cross_entropy
 from .norms.modules import CrossEntropyLoss, FusedLinearCrossEntropyLoss, LayerNorm, RMSNorm
 from .norms.norm_op import layer_norm, rms_norm
@@ -20,6 +21,8 @@ from .runtime.errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "gemm",
+    "gemm_fp8",
     "softmax",
     "rms_norm",
     "layer_norm",

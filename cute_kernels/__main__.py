@@ -19,9 +19,10 @@ from .runtime import CuteKernelsError, has_gpu, inspect_kernel
 
 
 def _families():
+    from .gemm import op as gemm_op
     from .norms import cross_entropy_op, norm_op, softmax_op
 
-    return [softmax_op, norm_op, cross_entropy_op]
+    return [softmax_op, norm_op, cross_entropy_op, gemm_op]
 
 
 def _time_ms(fn, reps: int = 20) -> float:

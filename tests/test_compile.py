@@ -2,6 +2,7 @@
 
 import pytest
 
+from cute_kernels.gemm import op as gemm_op
 from cute_kernels.norms import cross_entropy_op, norm_op
 from cute_kernels.norms.softmax_op import compile_configurations as softmax_configurations
 from cute_kernels.runtime import inspect_kernel
@@ -67,5 +68,18 @@ def test_cross_entropy_configuration_compiles_without_spills(case):
     kernel, config, specs = case
     report = inspect_kernel(kernel, config, specs, arch="sm_90a")
     assert not report.local_memory, f"local memory / spills: {report.summary()}"
-    if config.row.cluster_n > 1 and kernel.__name__ == "CrossEntropyFwdSm90":
+    if getattr(config, "row", config).cluster_n > 1 and kernel.__name__ == "CrossEntropyFwdSm90":
         assert "st.async.shared::cluster" in report.ptx
+
+
+GEMM = gemm_op.compile_configurations()
+
+
+@pytest.mark.parametrize("case", GEMM, ids=[f"{c.tile_m}x{c.tile_n}-c{c.cluster_m}-{i}" for i, (_, c, _) in enumerate(GEMM)])
+def test_gemm_configuration_uses_wgmma_tma_and_no_spills(case):
+    kernel, config, specs = case
+    report = inspect_kernel(kernel, config, specs, arch="sm_90a")
+    assert report.has("wgmma.mma_async"), "the mainloop must issue wgmma"
+    assert report.has("cp.async.bulk.tensor"), "operands must move by TMA"
+    assert report.has("setmaxnreg"), "warp specialization must rebalance registers"
+    assert not report.local_memory, f"local memory / spills: {report.summary()}"

@@ -1,0 +1,1 @@
+"""Dense tensor-core GEMM for Hopper: TMA + wgmma, warp-specialized and persistent."""

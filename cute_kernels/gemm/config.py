@@ -1,0 +1,65 @@
+"""GEMM configurations and the heuristic that picks one.
+
+Pure functions of (M, N, K, batch, dtypes, SM count): no tensor data is read, nothing is
+allocated or synchronized.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ACTIVATIONS = (None, "relu", "gelu_tanh", "silu")
+
+
+@dataclass(frozen=True)
+class Epilogue:
+    """What the epilogue applies to the fp32 accumulator, in this order:
+    ``alpha * acc (+ beta * C) (+ bias[col])``, then the activation, then the output cast."""
+
+    bias: bool = False
+    residual: bool = False  # beta * C
+    activation: str | None = None
+    row_scale: bool = False  # fp8: acc * scale_a[row]
+    col_scale: bool = False  # fp8: acc * scale_b[col]
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    tile_m: int  # 64 (one MMA warpgroup) or 128 (two, cooperative: 64 rows each)
+    tile_n: int  # 64 .. 256, multiple of 16
+    cluster_m: int = 1  # CTAs along M sharing B tiles (TMA multicast)
+    cluster_n: int = 1  # CTAs along N sharing A tiles
+    swizzle: int = 8  # rasterization group size (in clusters) for L2 reuse
+    max_clusters: int = 132  # persistent grid size (SM count / cluster size)
+    epilogue: Epilogue = Epilogue()
+    fp8_promote_every: int = 0  # fp8: fold the MMA accumulator into fp32 every this many k-tiles
+
+    @property
+    def mma_warpgroups(self) -> int:
+        return self.tile_m // 64
+
+    @property
+    def threads(self) -> int:
+        return 128 * (1 + self.mma_warpgroups)
+
+
+def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: int,
+                  epilogue: Epilogue = Epilogue()) -> GemmConfig:
+    """Tile and cluster shape for a (batch x) M x N x K problem.
+
+    128 x 256 tiles (two MMA warpgroups of 64 x 256) give the highest MMA efficiency; when they
+    would leave SMs idle the tile shrinks to 128 x 128, then 64 x 128 (small M). A 2-CTA cluster
+    along M halves B traffic from L2 when there are enough tiles to fill the clusters.
+    """
+    def tiles(tm, tn):
+        return -(-m // tm) * -(-n // tn) * batch
+
+    if tiles(128, 256) >= sm_count:
+        tile_m, tile_n = 128, 256
+    elif tiles(128, 128) >= sm_count or m > 64:
+        tile_m, tile_n = 128, 128
+    else:
+        tile_m, tile_n = 64, 128
+    cluster_m = 2 if tiles(tile_m, tile_n) >= 2 * sm_count and -(-m // tile_m) % 2 == 0 else 1
+    promote = 4 if itemsize == 1 else 0
+    return GemmConfig(tile_m, tile_n, cluster_m, 1, 8, sm_count // cluster_m, epilogue, promote)

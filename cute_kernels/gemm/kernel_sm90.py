@@ -1,0 +1,400 @@
+"""Dense GEMM for Hopper (sm_90a): D = epilogue(A @ B), batched.
+
+Design:
+  - Warp specialization: warpgroup 0 is the producer (one warp issues TMA loads of A and B
+    tiles into a multi-stage mbarrier pipeline; its registers are cut to 40 with setmaxnreg);
+    one or two MMA warpgroups (64 rows of the tile each, 232 registers) consume the stages with
+    wgmma, both operands from swizzled shared memory.
+  - Persistent: a static tile scheduler walks the output tiles with a swizzled rasterization
+    (groups of ``swizzle`` clusters) for L2 reuse; the producer runs ahead into the next tile
+    while the MMA warpgroups run the epilogue of the current one.
+  - Clusters of ``cluster_m`` x ``cluster_n`` CTAs share operand tiles by TMA multicast.
+  - Epilogue: accumulators -> ``alpha * acc (+ beta * C) (+ bias)`` -> activation -> output
+    dtype, staged through shared memory (stmatrix) and written by TMA store in 32-column
+    sub-tiles.
+  - fp8 (e4m3 / e5m2): MMA results are folded into a separate fp32 accumulator every
+    ``fp8_promote_every`` k-tiles, so long K keeps fp32 accuracy; per-row / per-column scales
+    are applied in the epilogue.
+
+Tensors arrive in torch order: A (L, M, K), B (L, K, N), D and C (L, M, N); any of them may be
+row- or column-major in its last two dims (transposed views go straight to the TMA descriptors).
+
+Constraints:
+  - 16-bit (fp16 / bf16) or 8-bit float A and B of the same width; fp8 needs K-major A and B
+  - the contiguous dim of every operand holds a multiple of 16 bytes; the other strides too
+  - tile M 64 / 128, tile N a multiple of 16 up to 256; clusters of at most 2 x 2
+"""
+
+from __future__ import annotations
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils as utils
+import cutlass.utils.hopper_helpers as sm90_utils
+from cutlass import Float32, Int32, const_expr
+from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
+
+from .config import GemmConfig
+
+SMEM_CAPACITY = 232448
+EPILOGUE_STAGES = 4
+PRODUCER_REGISTERS = 40
+MMA_REGISTERS = 232
+
+
+def _to_blas_order(t: cute.Tensor, order) -> cute.Tensor:
+    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=order))
+
+
+class GemmSm90:
+    """See the module docstring. ``__init__`` takes only the compile-time configuration."""
+
+    def __init__(self, config: GemmConfig):
+        self.config = config
+        self.cluster_mn = (config.cluster_m, config.cluster_n)
+        self.num_mma_wg = config.mma_warpgroups
+        self.atom_layout_mnk = (self.num_mma_wg, 1, 1)
+        self.threads = config.threads
+        self.num_mma_threads = 128 * self.num_mma_wg
+        self.epilogue_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_mma_threads)
+
+    # ------------------------------------------------------------------ host side
+
+    def _setup(self, a, b, d):
+        cfg = self.config
+        self.a_dtype, self.b_dtype, self.d_dtype = a.element_type, b.element_type, d.element_type
+        self.a_layout = utils.LayoutEnum.from_tensor(a)
+        self.b_layout = utils.LayoutEnum.from_tensor(b)
+        self.d_layout = utils.LayoutEnum.from_tensor(d)
+        self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
+            self.a_dtype, self.b_dtype, self.a_layout.sm90_mma_major_mode(),
+            self.b_layout.sm90_mma_major_mode(), Float32, self.atom_layout_mnk,
+            tiler_mn=(64, cfg.tile_n),
+        )
+        mma_k = cute.size(self.tiled_mma.shape_mnk, mode=[2])
+        self.tile_mnk = (cfg.tile_m, cfg.tile_n, mma_k * 4)
+        self.cta_layout_mnk = cute.make_layout((*self.cluster_mn, 1))
+        self.mcast_a, self.mcast_b = cfg.cluster_n, cfg.cluster_m
+        self.epi_tile = (min(128 if self.num_mma_wg == 2 else 64, cfg.tile_m), min(32, cfg.tile_n))
+        ab_bytes = (cfg.tile_m + cfg.tile_n) * self.tile_mnk[2] * self.a_dtype.width // 8
+        epi_bytes = self.epi_tile[0] * self.epi_tile[1] * self.d_dtype.width // 8 * EPILOGUE_STAGES
+        self.ab_stages = (SMEM_CAPACITY - 1024 - epi_bytes) // ab_bytes
+        self.a_smem_staged = self._smem_layout(self.a_layout, self.a_dtype, (cfg.tile_m, self.tile_mnk[2]))
+        self.b_smem_staged = self._smem_layout(self.b_layout, self.b_dtype, (cfg.tile_n, self.tile_mnk[2]))
+        d_major = self.epi_tile[1] if self.d_layout.is_n_major_c() else self.epi_tile[0]
+        d_atom = cute.nvgpu.warpgroup.make_smem_layout_atom(
+            sm90_utils.get_smem_layout_atom(self.d_layout, self.d_dtype, d_major), self.d_dtype
+        )
+        self.epi_smem_staged = cute.tile_to_shape(
+            d_atom, cute.append(self.epi_tile, EPILOGUE_STAGES),
+            order=(1, 0, 2) if self.d_layout.is_m_major_c() else (0, 1, 2),
+        )
+
+    def _smem_layout(self, layout, dtype, shape_mk):
+        """Swizzled, staged shared-memory layout for one operand tile (rows, K)."""
+        k_major = layout.sm90_mma_major_mode() == cute.nvgpu.OperandMajorMode.K
+        atom = cute.nvgpu.warpgroup.make_smem_layout_atom(
+            sm90_utils.get_smem_layout_atom(layout, dtype, shape_mk[1] if k_major else shape_mk[0]),
+            dtype,
+        )
+        return cute.tile_to_shape(
+            atom, cute.append(shape_mk, self.ab_stages), order=(0, 1, 2) if k_major else (1, 0, 2)
+        )
+
+    def _tma_load(self, tensor, smem_staged, tile, mcast):
+        op = (cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp() if mcast == 1
+              else cute.nvgpu.cpasync.CopyBulkTensorTileG2SMulticastOp())
+        return cute.nvgpu.cpasync.make_tiled_tma_atom(
+            op, tensor, cute.slice_(smem_staged, (None, None, 0)), tile, num_multicast=mcast
+        )
+
+    @cute.jit
+    def __call__(self, mA, mB, mD, mC, mBias, mScaleA, mScaleB, alpha: Float32, beta: Float32,
+                 stream):
+        cfg = self.config
+        a = _to_blas_order(mA, (1, 2, 0))  # (M, K, L)
+        b = _to_blas_order(mB, (2, 1, 0))  # (N, K, L)
+        d = _to_blas_order(mD, (1, 2, 0))  # (M, N, L)
+        c = _to_blas_order(mC, (1, 2, 0)) if const_expr(mC is not None) else None
+        self._setup(a, b, d)
+        tma_a, tma_tensor_a = self._tma_load(a, self.a_smem_staged, (cfg.tile_m, self.tile_mnk[2]), self.mcast_a)
+        tma_b, tma_tensor_b = self._tma_load(b, self.b_smem_staged, (cfg.tile_n, self.tile_mnk[2]), self.mcast_b)
+        tma_d, tma_tensor_d = cute.nvgpu.cpasync.make_tiled_tma_atom(
+            cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(), d,
+            cute.slice_(self.epi_smem_staged, (None, None, 0)), self.epi_tile,
+        )
+        tiles = cute.zipped_divide(d, tiler=(cfg.tile_m, cfg.tile_n))[(0, (None, None, None))].shape
+        params = utils.PersistentTileSchedulerParams(tiles, (*self.cluster_mn, 1), cfg.swizzle, True)
+        grid = utils.StaticPersistentTileScheduler.get_grid_shape(params, cfg.max_clusters)
+
+        @cute.struct
+        class Storage:
+            barriers: cute.struct.MemRange[cutlass.Int64, self.ab_stages * 2]
+            sA: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem_staged)], 1024]
+            sB: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem_staged)], 1024]
+            sD: cute.struct.Align[cute.struct.MemRange[self.d_dtype, cute.cosize(self.epi_smem_staged)], 1024]
+
+        self.storage = Storage
+        self.kernel(
+            tma_a, tma_tensor_a, tma_b, tma_tensor_b, tma_d, tma_tensor_d, c, mBias, mScaleA,
+            mScaleB, alpha, beta, self.tiled_mma, self.cta_layout_mnk, self.a_smem_staged,
+            self.b_smem_staged, self.epi_smem_staged, params,
+        ).launch(grid=grid, block=[self.threads, 1, 1], cluster=(*self.cluster_mn, 1),
+                 min_blocks_per_mp=1, stream=stream)
+
+    # ------------------------------------------------------------------ device side
+
+    @cute.kernel
+    def kernel(self, tma_a, mA, tma_b, mB, tma_d, mD, mC, mBias, mScaleA, mScaleB,
+               alpha: Float32, beta: Float32, tiled_mma: cute.TiledMma, cta_layout_mnk: cute.Layout,
+               a_smem_staged: cute.ComposedLayout, b_smem_staged: cute.ComposedLayout,
+               epi_smem_staged: cute.ComposedLayout, params: utils.PersistentTileSchedulerParams):
+        cfg = self.config
+        tidx, _, _ = cute.arch.thread_idx()
+        warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp == 0:
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_b)
+            cute.nvgpu.cpasync.prefetch_descriptor(tma_d)
+        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        cluster_coord = cta_layout_mnk.get_flat_coord(rank)
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(self.storage)
+        stage_bytes = cute.size_in_bytes(self.a_dtype, cute.slice_(a_smem_staged, (None, None, 0))) + \
+            cute.size_in_bytes(self.b_dtype, cute.slice_(b_smem_staged, (None, None, 0)))
+        consumers = (self.mcast_a + self.mcast_b - 1) * self.num_mma_wg * 4
+        mainloop = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.barriers.data_ptr(),
+            num_stages=self.ab_stages,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+            consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, consumers),
+            tx_count=stage_bytes,
+            cta_layout_vmnk=cute.make_layout((1, *cta_layout_mnk.shape)),
+            defer_sync=True,
+        )
+        pipeline_init_arrive(cluster_shape_mn=self.cluster_mn, is_relaxed=True)
+        sA = storage.sA.get_tensor(a_smem_staged.outer, swizzle=a_smem_staged.inner)
+        sB = storage.sB.get_tensor(b_smem_staged.outer, swizzle=b_smem_staged.inner)
+        sD = storage.sD.get_tensor(epi_smem_staged.outer, swizzle=epi_smem_staged.inner)
+        gA = cute.local_tile(mA, cute.slice_(self.tile_mnk, (None, 0, None)), (None, None, None))
+        gB = cute.local_tile(mB, cute.slice_(self.tile_mnk, (0, None, None)), (None, None, None))
+        gD = cute.local_tile(mD, cute.slice_(self.tile_mnk, (None, None, 0)), (None, None, None))
+        k_tiles = cute.size(gA, mode=[3])
+        pipeline_init_wait(cluster_shape_mn=self.cluster_mn)
+
+        warpgroup = cute.arch.make_warp_uniform(tidx // 128)
+        if warpgroup == 0:
+            cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
+            if warp == 0:
+                self.load(tma_a, tma_b, sA, sB, gA, gB, mainloop, cta_layout_mnk, cluster_coord,
+                          k_tiles, params)
+        else:
+            cute.arch.setmaxregister_increase(MMA_REGISTERS)
+            self.mma_and_epilogue(tiled_mma, sA, sB, sD, gD, mD, tma_d, mC, mBias, mScaleA,
+                                  mScaleB, alpha, beta, mainloop, k_tiles, params, tidx - 128, warp)
+
+    @cute.jit
+    def load(self, tma_a, tma_b, sA, sB, gA, gB, mainloop, cta_layout_mnk, cluster_coord, k_tiles,
+             params):
+        """Producer warp: TMA loads of A and B k-tiles for every tile this CTA owns."""
+        a_mask = cute.make_layout_image_mask(cta_layout_mnk, cluster_coord, mode=1) if const_expr(self.mcast_a > 1) else 0
+        b_mask = cute.make_layout_image_mask(cta_layout_mnk, cluster_coord, mode=0) if const_expr(self.mcast_b > 1) else 0
+        tAsA, tAgA = cute.nvgpu.cpasync.tma_partition(
+            tma_a, cluster_coord[1], cute.make_layout(cute.slice_(cta_layout_mnk, (0, None, 0)).shape),
+            cute.group_modes(sA, 0, 2), cute.group_modes(gA, 0, 2),
+        )
+        tBsB, tBgB = cute.nvgpu.cpasync.tma_partition(
+            tma_b, cluster_coord[0], cute.make_layout(cute.slice_(cta_layout_mnk, (None, 0, 0)).shape),
+            cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2),
+        )
+        scheduler = utils.StaticPersistentTileScheduler.create(params, cute.arch.block_idx(), cute.arch.grid_dim())
+        work = scheduler.initial_work_tile_info()
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stages)
+        while work.is_valid_tile:
+            m, n, l = work.tile_idx
+            tAgA_tile = tAgA[(None, m, None, l)]
+            tBgB_tile = tBgB[(None, n, None, l)]
+            state.reset_count()
+            for _ in range(k_tiles):
+                mainloop.producer_acquire(state)
+                barrier = mainloop.producer_get_barrier(state)
+                cute.copy(tma_a, tAgA_tile[(None, state.count)], tAsA[(None, state.index)],
+                          tma_bar_ptr=barrier, mcast_mask=a_mask)
+                cute.copy(tma_b, tBgB_tile[(None, state.count)], tBsB[(None, state.index)],
+                          tma_bar_ptr=barrier, mcast_mask=b_mask)
+                mainloop.producer_commit(state)
+                state.advance()
+            scheduler.advance_to_next_work()
+            work = scheduler.get_current_work()
+        mainloop.producer_tail(state)
+
+    @cute.jit
+    def mma_and_epilogue(self, tiled_mma, sA, sB, sD, gD, mD, tma_d, mC, mBias, mScaleA, mScaleB,
+                         alpha: Float32, beta: Float32, mainloop, k_tiles, params, tidx, warp):
+        """MMA warpgroups: wgmma over the k-tiles, then the epilogue, tile after tile."""
+        cfg = self.config
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+        thr_mma = tiled_mma.get_slice(cute.make_layout(self.num_mma_wg, stride=128)(wg))
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+        tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
+        acc = cute.make_rmem_tensor(thr_mma.partition_C(gD).shape[:3], Float32)
+        promote = const_expr(cfg.fp8_promote_every)
+        mma_acc = acc
+        if const_expr(promote > 0):
+            mma_acc = cute.make_rmem_tensor(acc.shape, Float32)
+        k_blocks = cute.size(tCrA, mode=[2])
+
+        # Epilogue plumbing: accumulator -> registers of the output dtype -> smem -> TMA.
+        store_atom = sm90_utils.sm90_get_smem_store_op(self.d_layout, elem_ty_d=self.d_dtype, elem_ty_acc=Float32)
+        tiled_store = cute.make_tiled_copy_S(
+            store_atom,
+            cute.make_tiled_copy_C_atom(
+                cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(self.d_layout.is_m_major_c(), 4), self.d_dtype),
+                tiled_mma,
+            ),
+        )
+        thr_store = tiled_store.get_slice(tidx)
+        tRS_sD = thr_store.partition_D(sD)
+        tRS_acc = tiled_store.retile(acc)
+        coords = thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
+        tRS_coords = tiled_store.retile(coords)
+        frag_shape = cute.shape(thr_store.partition_S(sD))[:3]
+        tRS_rD = cute.make_rmem_tensor(frag_shape, Float32)
+        tRS_rOut = cute.make_rmem_tensor(frag_shape, self.d_dtype)
+        per_subtile = cute.size(tRS_rD)
+        store_pipe = pipeline.PipelineTmaStore.create(
+            num_stages=EPILOGUE_STAGES,
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads),
+        )
+        store_warp = 4  # first warp of the first MMA warpgroup
+
+        scheduler = utils.StaticPersistentTileScheduler.create(params, cute.arch.block_idx(), cute.arch.grid_dim())
+        work = scheduler.initial_work_tile_info()
+        read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
+        release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
+        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+        while work.is_valid_tile:
+            m, n, l = work.tile_idx
+            read.reset_count()
+            release.reset_count()
+            acc.fill(0.0)
+            if const_expr(promote > 0):
+                mma_acc.fill(0.0)
+            cute.nvgpu.warpgroup.fence()
+            if const_expr(promote > 0):
+                for k0 in range(0, k_tiles, promote):
+                    self._mainloop(tiled_mma, mainloop, read, release, mma_acc, tCrA, tCrB,
+                                   k_blocks, k0, cutlass.min(k0 + promote, k_tiles))
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    acc.store(acc.load() + mma_acc.load())
+                    mma_acc.fill(0.0)
+                    cute.nvgpu.warpgroup.fence()
+            else:
+                self._mainloop(tiled_mma, mainloop, read, release, acc, tCrA, tCrB, k_blocks, 0,
+                               k_tiles)
+            cute.nvgpu.warpgroup.wait_group(0)
+            if k_tiles > 0:
+                mainloop.consumer_release(release)
+                release.advance()
+            self.epilogue(acc, tRS_acc, tRS_coords, tRS_rD, tRS_rOut, tRS_sD, sD, gD, mD, tma_d,
+                          tiled_store, store_pipe, mC, mBias, mScaleA, mScaleB, alpha, beta,
+                          m, n, l, per_subtile, scheduler.num_tiles_executed, warp, store_warp)
+            scheduler.advance_to_next_work()
+            work = scheduler.get_current_work()
+        store_pipe.producer_tail()
+
+    @cute.jit
+    def _mainloop(self, tiled_mma, mainloop, read, release, acc, tCrA, tCrB, k_blocks, k_begin,
+                  k_end):
+        """wgmma over k-tiles [k_begin, k_end): one batch stays in flight, and each stage is
+        released once the batch after it has been issued."""
+        for k in range(k_begin, k_end):
+            mainloop.consumer_wait(read)
+            for kb in cutlass.range_constexpr(k_blocks):
+                cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)],
+                          tCrB[(None, None, kb, read.index)], acc)
+            cute.nvgpu.warpgroup.commit_group()
+            cute.nvgpu.warpgroup.wait_group(1)
+            if k > 0:
+                mainloop.consumer_release(release)
+                release.advance()
+            read.advance()
+
+    @cute.jit
+    def epilogue(self, acc, tRS_acc, tRS_coords, tRS_rD, tRS_rOut, tRS_sD, sD, gD, mD, tma_d,
+                 tiled_store, store_pipe, mC, mBias, mScaleA, mScaleB, alpha: Float32,
+                 beta: Float32, m, n, l, per_subtile, tiles_done, warp, store_warp):
+        cfg, epi = self.config, self.config.epilogue
+        gD_tile = gD[(None, None, m, n, l)]
+        gD_sub = cute.zipped_divide(gD_tile, self.epi_tile)
+        sD_part, gD_part = cute.nvgpu.cpasync.tma_partition(
+            tma_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2), gD_sub
+        )
+        subtiles = cute.size(gD_sub, mode=[1])
+        sub_layout = cute.make_layout(gD_sub.shape[1], stride=(gD_sub.shape[1][1], 1))
+        row0, col0 = m * cfg.tile_m, n * cfg.tile_n
+        rows, cols = mD.shape[0], mD.shape[1]
+        for s in cutlass.range_constexpr(subtiles):
+            for v in cutlass.range_constexpr(per_subtile):
+                tRS_rD[v] = tRS_acc[s * per_subtile + v]
+            if const_expr(epi.bias or epi.residual or epi.row_scale or epi.col_scale):
+                self._apply_operands(tRS_rD, tRS_coords, s * per_subtile, mC, mBias, mScaleA,
+                                     mScaleB, alpha, beta, row0, col0, rows, cols, l)
+                x = tRS_rD.load()
+            else:
+                x = tRS_rD.load() * alpha
+            tRS_rOut.store(_activation(x, epi.activation).to(self.d_dtype))
+            buffer = (tiles_done * subtiles + s) % EPILOGUE_STAGES
+            cute.copy(tiled_store, tRS_rOut, tRS_sD[(None, None, None, buffer)])
+            cute.arch.fence_proxy("async.shared", space="cta")
+            self.epilogue_barrier.arrive_and_wait()
+            if warp == store_warp:
+                cute.copy(tma_d, sD_part[(None, buffer)], gD_part[(None, sub_layout.get_hier_coord(s))])
+                store_pipe.producer_commit()
+                store_pipe.producer_acquire()
+            self.epilogue_barrier.arrive_and_wait()
+
+    @cute.jit
+    def _apply_operands(self, frag, coords, offset, mC, mBias, mScaleA, mScaleB, alpha: Float32,
+                        beta: Float32, row0, col0, rows, cols, l):
+        """frag[v] <- alpha * frag[v] * scale_a[row] * scale_b[col] + beta * C[row, col] + bias[col],
+        element by element at each value's (row, col); operands outside D read as 0."""
+        epi = self.config.epilogue
+        for v in cutlass.range_constexpr(cute.size(frag)):
+            r, c = coords[offset + v]
+            row, col = row0 + r, col0 + c
+            x = frag[v] * alpha
+            if const_expr(epi.row_scale):
+                x = x * _load_or(mScaleA, (row,), row < rows, 0.0)
+            if const_expr(epi.col_scale):
+                x = x * _load_or(mScaleB, (col,), col < cols, 0.0)
+            if const_expr(epi.residual):
+                x = x + beta * _load_or(mC, (l, row, col), row < rows and col < cols, 0.0)
+            if const_expr(epi.bias):
+                x = x + _load_or(mBias, (col,), col < cols, 0.0)
+            frag[v] = x
+
+
+@cute.jit
+def _load_or(tensor: cute.Tensor, coord, ok, default: cutlass.Constexpr) -> Float32:
+    value = Float32(default)
+    if ok:
+        value = tensor[coord].to(Float32)
+    return value
+
+
+def _activation(x, name):
+    """relu / gelu (tanh approximation) / silu on an fp32 TensorSSA."""
+    if name is None:
+        return x
+    if name == "relu":
+        return cute.where(x > 0.0, x, cute.full_like(x, 0.0))
+    if name == "gelu_tanh":
+        inner = x * (0.7978845608028654 + 0.035677408136300125 * x * x)
+        return 0.5 * x * (1.0 + cute.math.tanh(inner, fastmath=True))
+    if name == "silu":
+        return x / (1.0 + cute.math.exp2(x * -1.4426950408889634, fastmath=True))
+    raise ValueError(f"unknown activation {name!r}")

@@ -1,0 +1,351 @@
+"""``gemm`` and ``gemm_fp8``: torch-facing ops, layout handling and autograd."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..runtime import (
+    DeviceError,
+    DTypeError,
+    ScalarSpec,
+    StreamSpec,
+    Sym,
+    TensorSpec,
+    UnsupportedError,
+    get_kernel,
+    kernel_op,
+)
+from ..runtime.dtypes import dtype_name
+from ..runtime.errors import describe
+from .config import ACTIVATIONS, Epilogue, GemmConfig, choose_config
+from .kernel_sm90 import GemmSm90
+
+INPUT_DTYPES = (torch.bfloat16, torch.float16)
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+_SM_COUNT: dict = {}
+
+
+@torch.compiler.assume_constant_result
+def _sm_count(index: int) -> int:
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
+
+
+def _major(t: torch.Tensor) -> str | None:
+    """"row" if the last dim is contiguous, "col" if the one before is, else None."""
+    if t.stride(-1) == 1:
+        return "row"
+    if t.stride(-2) == 1:
+        return "col"
+    return None
+
+
+def _tma_ready(t: torch.Tensor) -> bool:
+    """TMA needs 16-byte-aligned data and 16-byte multiples for every stride but the unit one."""
+    size = t.element_size()
+    if t.data_ptr() % 16:
+        return False
+    return all(s == 1 or (s * size) % 16 == 0 or d == 1 for s, d in zip(t.stride(), t.shape))
+
+
+def _operand_spec(t: torch.Tensor) -> TensorSpec:
+    """(L, rows, cols) spec with the unit stride static, the others dynamic 16-byte multiples."""
+    div = 16 // t.element_size()
+    if _major(t) == "row":
+        stride = (Sym(divisibility=div), Sym(divisibility=div), 1)
+    else:
+        stride = (Sym(divisibility=div), 1, Sym(divisibility=div))
+    return TensorSpec(dtype_name(t.dtype), (Sym(), Sym(), Sym()), stride, 16)
+
+
+def _free_spec(t) -> TensorSpec | None:
+    """Any-layout spec for tensors read element by element (C, bias, scales)."""
+    if t is None:
+        return None
+    return TensorSpec(dtype_name(t.dtype), tuple(Sym() for _ in t.shape),
+                      tuple(Sym() for _ in t.shape), t.element_size())
+
+
+def _as_batched(t: torch.Tensor) -> torch.Tensor:
+    """(rows, cols) -> (1, rows, cols) with a batch stride that satisfies TMA (0 works)."""
+    if t.dim() == 3:
+        return t
+    return t.as_strided((1, *t.shape), (0, *t.stride()))
+
+
+def _padded_row_major(t: torch.Tensor, cols_multiple: int) -> torch.Tensor:
+    """A zero-padded row-major copy whose row length is a multiple of ``cols_multiple``."""
+    rows, cols = t.shape[-2], t.shape[-1]
+    padded = torch.zeros((*t.shape[:-1], -(-cols // cols_multiple) * cols_multiple),
+                         dtype=t.dtype, device=t.device)
+    padded[..., :cols] = t
+    return padded
+
+
+@kernel_op(
+    "gemm",
+    mutates_args=("d",),
+    schema="(Tensor a, Tensor b, Tensor(a!) d, Tensor? c, Tensor? bias, Tensor? scale_a, "
+    "Tensor? scale_b, float alpha, float beta, str? activation) -> ()",
+)
+def gemm_out(a, b, d, c, bias, scale_a, scale_b, alpha: float, beta: float, activation) -> None:
+    """d[L, M, N] = epilogue(a[L, M, K] @ b[L, K, N]); operands already TMA-compatible."""
+    l, m, k = a.shape
+    n = b.shape[2]
+    key = (a.dtype, b.dtype, d.dtype, _major(a), _major(b), m, n, k, l, c is not None,
+           None if bias is None else bias.dtype, scale_a is not None, scale_b is not None, activation)
+    fn = _kernels.get(key)
+    if fn is None:
+        epilogue = Epilogue(bias is not None, c is not None, activation, scale_a is not None,
+                            scale_b is not None)
+        config = choose_config(m, n, k, l, a.element_size(), _sm_count(a.device.index or 0), epilogue)
+        if a.element_size() == 1 and config.tile_n > 128:
+            config = dataclasses.replace(config, tile_n=128)  # two fp32 accumulators must fit
+        specs = (_operand_spec(a), _operand_spec(b), _operand_spec(d), _free_spec(c),
+                 _free_spec(bias), _free_spec(scale_a), _free_spec(scale_b),
+                 ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
+        fn = _kernels[key] = get_kernel(GemmSm90, config, specs)
+    fn(a, b, d, c, bias, scale_a, scale_b, alpha, beta)
+
+
+_kernels: dict = {}
+
+
+def _check_operands(a, b, allowed, what):
+    for name, t in (("a", a), ("b", b)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.device.type != "cuda":
+            raise DeviceError(f"{name} must be a CUDA tensor, got {describe(t)}")
+        if t.dtype not in allowed:
+            raise DTypeError(f"{name} has dtype {t.dtype}; {what} supports {allowed}")
+        if t.dim() not in (2, 3):
+            raise UnsupportedError(f"{name} must be 2-D or 3-D (batched), got shape {tuple(t.shape)}")
+    if a.device != b.device:
+        raise DeviceError(f"a is on {a.device} but b is on {b.device}")
+    if a.dtype != b.dtype and allowed is INPUT_DTYPES:
+        raise DTypeError(f"a ({a.dtype}) and b ({b.dtype}) must have the same dtype")
+    if a.dim() != b.dim():
+        raise UnsupportedError(f"a and b must both be 2-D or both 3-D: {tuple(a.shape)}, {tuple(b.shape)}")
+    if a.shape[-1] != b.shape[-2]:
+        raise UnsupportedError(f"inner dims differ: a {tuple(a.shape)} @ b {tuple(b.shape)}")
+    if a.dim() == 3 and a.shape[0] != b.shape[0]:
+        raise UnsupportedError(f"batch sizes differ: a {tuple(a.shape)}, b {tuple(b.shape)}")
+
+
+def _prepare(a, b, k_multiple):
+    """Batched, TMA-ready views of a and b; a zero-padded copy where the layout does not allow
+    TMA (a non-unit stride that is not a 16-byte multiple, or no unit stride at all)."""
+    a3, b3 = _as_batched(a), _as_batched(b)
+    if _major(a3) is None or not _tma_ready(a3) or (_major(a3) == "col" and a.element_size() == 1):
+        a3 = _padded_row_major(a3, k_multiple)
+    if _major(b3) is None or not _tma_ready(b3) or (_major(b3) == "row" and b.element_size() == 1):
+        # Column-major (N, K) storage for fp8, which needs K-major B.
+        b3 = _padded_row_major(b3.transpose(-1, -2), k_multiple).transpose(-1, -2)
+    k = max(a3.shape[-1], b3.shape[-2])
+    if a3.shape[-1] != k:
+        a3 = torch.nn.functional.pad(a3, (0, k - a3.shape[-1]))
+    if b3.shape[-2] != k:
+        b3 = torch.nn.functional.pad(b3.transpose(-1, -2), (0, k - b3.shape[-2])).transpose(-1, -2)
+    return a3, b3
+
+
+def _run(a, b, out_dtype, bias, alpha, beta, c, activation, out, scale_a=None, scale_b=None):
+    l_dims = a.dim() == 3
+    m, n = a.shape[-2], b.shape[-1]
+    batch = a.shape[0] if l_dims else 1
+    shape = (batch, m, n) if l_dims else (m, n)
+    if out is not None:
+        if tuple(out.shape) != shape or out.dtype != out_dtype or out.device != a.device:
+            raise UnsupportedError(f"out must be {shape} {out_dtype} on {a.device}, got {describe(out)}")
+        d3 = _as_batched(out)
+        if _major(d3) != "row" or not _tma_ready(d3):
+            raise UnsupportedError("out must be row-major with 16-byte-aligned rows")
+    else:
+        size = torch.empty((), dtype=out_dtype).element_size()
+        n_pad = -(-n * size // 16) * 16 // size  # rows padded to 16 bytes for the TMA store
+        d3 = torch.empty((batch, m, n_pad), dtype=out_dtype, device=a.device)[..., :n]
+    result = d3
+    if batch and m and n:
+        if a.shape[-1] == 0:  # K = 0: only the epilogue remains
+            z = torch.zeros(d3.shape, dtype=torch.float32, device=a.device)
+            z = z + beta * torch.broadcast_to(c, shape).float() if c is not None else z
+            z = z + bias.float() if bias is not None else z
+            d3.copy_(_activation_torch(z, activation))
+        else:
+            a3, b3 = _prepare(a, b, 16 // a.element_size())
+            c3 = None if c is None else _as_batched(torch.broadcast_to(c, shape))
+            gemm_out(a3, b3, d3, c3, bias, scale_a, scale_b, float(alpha), float(beta), activation)
+    if out is not None:
+        return out
+    return result if l_dims else result[0]
+
+
+def _activation_torch(z, name):
+    if name == "relu":
+        return torch.relu(z)
+    if name == "silu":
+        return torch.nn.functional.silu(z)
+    if name == "gelu_tanh":
+        return torch.nn.functional.gelu(z, approximate="tanh")
+    return z
+
+
+def _activation_grad(z, name):
+    if name == "relu":
+        return (z > 0).to(z.dtype)
+    if name == "silu":
+        s = torch.sigmoid(z)
+        return s * (1 + z * (1 - s))
+    if name == "gelu_tanh":
+        k0, k1 = 0.7978845608028654, 0.044715
+        t = torch.tanh(k0 * (z + k1 * z ** 3))
+        return 0.5 * (1 + t) + 0.5 * z * (1 - t * t) * k0 * (1 + 3 * k1 * z * z)
+    return torch.ones_like(z)
+
+
+class _Gemm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b, bias, c, alpha, beta, activation, out_dtype):
+        ctx.save_for_backward(a, b, bias, c)
+        ctx.args = (alpha, beta, activation, out_dtype)
+        return _run(a, b, out_dtype, bias, alpha, beta, c, activation, None)
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b, bias, c = ctx.saved_tensors
+        alpha, beta, activation, out_dtype = ctx.args
+        if activation is not None:  # recompute the pre-activation, then chain through it
+            z = _run(a, b, torch.float32, bias, alpha, beta, c, None, None)
+            grad = (grad.float() * _activation_grad(z, activation))
+        grad_ab = grad.to(a.dtype)
+        da = db = dbias = dc = None
+        if ctx.needs_input_grad[0]:
+            da = _run(grad_ab, b.transpose(-1, -2), a.dtype, None, alpha, 0.0, None, None, None)
+        if ctx.needs_input_grad[1]:
+            db = _run(a.transpose(-1, -2), grad_ab, b.dtype, None, alpha, 0.0, None, None, None)
+        if bias is not None and ctx.needs_input_grad[2]:
+            dbias = grad.float().sum(dim=tuple(range(grad.dim() - 1))).to(bias.dtype)
+        if c is not None and ctx.needs_input_grad[3]:
+            dc = (grad.float() * beta).sum_to_size(c.shape).to(c.dtype)
+        return da, db, dbias, dc, None, None, None, None
+
+
+def gemm(a, b, *, bias=None, alpha: float = 1.0, beta: float = 0.0, c=None, activation=None,
+         out_dtype=None, out=None):
+    """``activation(alpha * a @ b + beta * c + bias)`` on Hopper tensor cores.
+
+    Args:
+        a: (M, K) or (L, M, K), bf16 or fp16, row- or column-major (transposed views are free).
+        b: (K, N) or (L, K, N), a's dtype, row- or column-major.
+        bias: optional (N,) added to every row (any float dtype).
+        alpha, beta: scalars; ``beta`` multiplies ``c`` (broadcastable to the output, any layout).
+        activation: None, "relu", "gelu_tanh" or "silu", applied last.
+        out_dtype: bf16 / fp16 / fp32 (default a's dtype). out: optional preallocated output.
+
+    Differentiable in a, b, bias and c (the backward runs on the same kernel; with an activation
+    the pre-activation is recomputed).
+
+    Constraints:
+      - fp32 accumulation; any M, N, K >= 1 (tails through TMA bounds)
+      - a layout TMA cannot read (a stride that is not a multiple of 16 bytes, or no unit stride)
+        costs one zero-padded copy of that operand; an output whose rows are not 16-byte
+        multiples is allocated with padded rows and returned as a view
+    """
+    _check_operands(a, b, INPUT_DTYPES, "gemm")
+    out_dtype = out_dtype or (out.dtype if out is not None else a.dtype)
+    if out_dtype not in OUT_DTYPES:
+        raise DTypeError(f"out_dtype={out_dtype}; supported: {OUT_DTYPES}")
+    if activation not in ACTIVATIONS:
+        raise UnsupportedError(f"activation={activation!r}; supported: {ACTIVATIONS}")
+    shape = (*a.shape[:-1], b.shape[-1])
+    if bias is not None:
+        if not isinstance(bias, torch.Tensor) or bias.shape != (b.shape[-1],) or bias.device != a.device:
+            raise UnsupportedError(f"bias must be ({b.shape[-1]},) on {a.device}, got {describe(bias)}")
+        if bias.dtype not in OUT_DTYPES:
+            raise DTypeError(f"bias has dtype {bias.dtype}; supported: {OUT_DTYPES}")
+    if c is not None:
+        if not isinstance(c, torch.Tensor) or c.device != a.device or c.dtype not in OUT_DTYPES:
+            raise UnsupportedError(f"c must be a float CUDA tensor on {a.device}, got {describe(c)}")
+        try:
+            torch.broadcast_shapes(c.shape, shape)
+        except RuntimeError:
+            raise UnsupportedError(f"c {tuple(c.shape)} does not broadcast to the output {shape}") from None
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (a, b, bias, c))
+    if needs_grad and out is None:
+        return _Gemm.apply(a, b, bias, c, float(alpha), float(beta), activation, out_dtype)
+    return _run(a, b, out_dtype, bias, alpha, beta, c, activation, out)
+
+
+def gemm_fp8(a, b, scale_a, scale_b, *, out_dtype=torch.bfloat16, bias=None):
+    """``(a @ b) * scale_a * scale_b (+ bias)`` with fp8 (e4m3 / e5m2) operands.
+
+    ``scale_a``: fp32 scalar tensor (per tensor) or (M,) (per row of a); ``scale_b``: scalar or
+    (N,) (per column of b). Accumulation keeps fp32 accuracy: the tensor-core accumulator is
+    folded into a second fp32 accumulator every 4 k-tiles (512 values of K).
+
+    Constraints:
+      - a K-major (row-major (M, K)) and b K-major (column-major (K, N), i.e. ``w.t()`` of a
+        row-major (N, K) weight); other layouts cost a copy
+      - no autograd
+    """
+    _check_operands(a, b, FP8_DTYPES, "gemm_fp8")
+    if out_dtype not in OUT_DTYPES:
+        raise DTypeError(f"out_dtype={out_dtype}; supported: {OUT_DTYPES}")
+    m, n = a.shape[-2], b.shape[-1]
+    scales = []
+    for name, s, size in (("scale_a", scale_a, m), ("scale_b", scale_b, n)):
+        if not isinstance(s, torch.Tensor) or s.dtype != torch.float32 or s.device != a.device:
+            raise DTypeError(f"{name} must be a float32 tensor on {a.device}, got {describe(s)}")
+        if s.numel() not in (1, size) or s.dim() > 1:
+            raise UnsupportedError(f"{name} must be a scalar or ({size},), got shape {tuple(s.shape)}")
+        scales.append(s.reshape(-1).expand(size))
+    return _run(a, b, out_dtype, bias, 1.0, 0.0, None, None, None, scales[0], scales[1])
+
+
+def compile_configurations(quick: bool = False):
+    """(kernel, config, specs) for every configuration ``choose_config`` can return (tile
+    shapes, clusters), both operand layouts, every epilogue option and fp8."""
+    bf16 = lambda major: TensorSpec("bfloat16", (Sym(),) * 3,  # noqa: E731
+                                    (Sym(divisibility=8), Sym(divisibility=8), 1) if major == "row"
+                                    else (Sym(divisibility=8), 1, Sym(divisibility=8)), 16)
+    fp8_row = TensorSpec("float8_e4m3fn", (Sym(),) * 3, (Sym(divisibility=16), Sym(divisibility=16), 1), 16)
+    fp8_col = TensorSpec("float8_e4m3fn", (Sym(),) * 3, (Sym(divisibility=16), 1, Sym(divisibility=16)), 16)
+    out = TensorSpec("bfloat16", (Sym(),) * 3, (Sym(divisibility=8), Sym(divisibility=8), 1), 16)
+    free = lambda dims: TensorSpec("bfloat16", (Sym(),) * dims, (Sym(),) * dims, 2)  # noqa: E731
+    f32 = TensorSpec("float32", (Sym(),), (Sym(),), 4)
+    scalars = (ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
+    tiles = [(128, 256, 1), (128, 256, 2), (128, 128, 1), (128, 128, 2), (64, 128, 1)]
+    found = []
+    for tm, tn, cm in tiles[:2] if quick else tiles:
+        for a_major, b_major in (("row", "row"),) if quick else (("row", "row"), ("col", "row"), ("row", "col"), ("col", "col")):
+            cfg = GemmConfig(tm, tn, cm, 1, 8, 132 // cm)
+            found.append((GemmSm90, cfg, (bf16(a_major), bf16(b_major), out, None, None, None, None) + scalars))
+    for epi in (Epilogue(bias=True, activation="gelu_tanh"), Epilogue(residual=True, activation="relu"),
+                Epilogue(bias=True, residual=True, activation="silu")):
+        cfg = GemmConfig(128, 256, 1, 1, 8, 132, epi)
+        found.append((GemmSm90, cfg, (bf16("row"), bf16("row"), out, free(3) if epi.residual else None,
+                                      free(1) if epi.bias else None, None, None) + scalars))
+    for tm, cm in ((128, 1), (128, 2), (64, 1)):
+        cfg = GemmConfig(tm, 128, cm, 1, 8, 132 // cm, Epilogue(row_scale=True, col_scale=True), 4)
+        found.append((GemmSm90, cfg, (fp8_row, fp8_col, out, None, None, f32, f32) + scalars))
+    return found
+
+
+def self_checks():
+    """Rows of the ``python -m cute_kernels`` table for GEMM."""
+    from ..runtime.selfcheck import SelfCheck
+
+    checks = []
+    for m, n, k in ((4096, 4096, 4096), (1000, 1000, 1000)):
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        checks.append(SelfCheck("gemm_bf16", f"{m}x{n}x{k}", "bfloat16", lambda a=a, b=b: gemm(a, b),
+                                lambda a=a, b=b: a @ b, a.double() @ b.double(), 1e-2))
+    return checks

@@ -1,0 +1,169 @@
+"""GEMM against float64 references.
+
+Tolerance rule: our max error against the float64 product is at most twice the error of
+torch's matmul on the same bf16/fp16 inputs (cuBLAS, fp32 accumulation) plus a floor.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cute_kernels as ck
+from cute_kernels.gemm.config import choose_config
+
+gpu = pytest.mark.gpu
+
+
+def ref_mm(a, b):
+    return a.double() @ b.double()
+
+
+def check(ours, a, b, out_dtype=None, extra=None):
+    ref = ref_mm(a, b) if extra is None else extra
+    theirs = (a @ b).to(out_dtype or a.dtype) if extra is None else None
+    err = (ours.double() - ref).abs().max().item() if ref.numel() else 0.0
+    scale = ref.abs().max().item() if ref.numel() else 1.0
+    if theirs is not None and ref.numel():
+        bound = 2 * (theirs.double() - ref).abs().max().item() + 1e-3 * scale + 1e-6
+    else:
+        bound = 1e-2 * scale + 1e-3
+    assert err <= bound, (err, bound)
+
+
+# ---------------------------------------------------------------- no GPU needed
+
+
+def test_heuristic_covers_shapes():
+    assert choose_config(4096, 4096, 4096, 1, 2, 132).tile_n == 256
+    small = choose_config(128, 8192, 8192, 1, 2, 132)
+    assert small.tile_m * small.tile_n <= 128 * 128
+    assert choose_config(64, 64, 64, 1, 2, 132).tile_m == 64
+
+
+def test_cpu_tensor_is_refused():
+    with pytest.raises(ck.DeviceError):
+        ck.gemm(torch.randn(4, 4, dtype=torch.bfloat16), torch.randn(4, 4, dtype=torch.bfloat16))
+
+
+# ---------------------------------------------------------------- GPU
+
+
+@gpu
+@pytest.mark.parametrize("mnk", [(1, 1, 1), (17, 33, 65), (128, 256, 64), (129, 257, 65), (300, 200, 1000),
+                                 (1024, 1024, 1024), (64, 64, 64), (2048, 512, 4096)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_shapes(mnk, dtype):
+    m, n, k = mnk
+    a = torch.randn(m, k, device="cuda", dtype=dtype)
+    b = torch.randn(k, n, device="cuda", dtype=dtype)
+    check(ck.gemm(a, b), a, b)
+
+
+@gpu
+@pytest.mark.parametrize("a_t", [False, True])
+@pytest.mark.parametrize("b_t", [False, True])
+def test_layouts_without_copies(a_t, b_t):
+    m, n, k = 384, 264, 520
+    a = torch.randn(k, m, device="cuda", dtype=torch.bfloat16).t() if a_t else torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t() if b_t else torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    check(ck.gemm(a, b), a, b)
+
+
+@gpu
+def test_batched_and_out_dtypes_and_out():
+    a = torch.randn(3, 200, 136, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(3, 136, 72, device="cuda", dtype=torch.bfloat16)
+    check(ck.gemm(a, b), a, b)
+    y = ck.gemm(a[0], b[0], out_dtype=torch.float32)
+    assert y.dtype == torch.float32
+    assert (y.double() - ref_mm(a[0], b[0])).abs().max().item() < 1e-2
+    out = torch.full((200, 72), float("nan"), device="cuda", dtype=torch.bfloat16)
+    assert ck.gemm(a[0], b[0], out=out) is out and not out.isnan().any()
+
+
+@gpu
+def test_misaligned_operands_fall_back_to_copies():
+    a = torch.randn(33, 7, device="cuda", dtype=torch.bfloat16)  # K = 7: rows not 16-byte multiples
+    b = torch.randn(7, 5, device="cuda", dtype=torch.bfloat16)
+    check(ck.gemm(a, b), a, b)
+    big = torch.randn(100, 130, device="cuda", dtype=torch.bfloat16)
+    a2 = big[:, 1:65]  # misaligned pointer
+    b2 = torch.randn(64, 48, device="cuda", dtype=torch.bfloat16)
+    check(ck.gemm(a2, b2), a2, b2)
+
+
+@gpu
+@pytest.mark.parametrize("activation", [None, "relu", "gelu_tanh", "silu"])
+def test_epilogue(activation):
+    m, n, k = 256, 384, 320
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    c = torch.randn(n, m, device="cuda", dtype=torch.float32).t()  # column-major C
+    z = 0.5 * ref_mm(a, b) + 0.25 * c.double() + bias.double()
+    ref = {None: z, "relu": torch.relu(z), "silu": F.silu(z), "gelu_tanh": F.gelu(z, approximate="tanh")}[activation]
+    out = ck.gemm(a, b, bias=bias, alpha=0.5, beta=0.25, c=c, activation=activation)
+    check(out, a, b, extra=ref)
+
+
+@gpu
+def test_autograd():
+    a = torch.randn(96, 80, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(80, 112, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    bias = torch.randn(112, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    y = ck.gemm(a, b, bias=bias, activation="gelu_tanh")
+    g = torch.randn_like(y)
+    ours = torch.autograd.grad(y, [a, b, bias], g)
+    a64, b64, bias64 = (t.detach().double().requires_grad_() for t in (a, b, bias))
+    refs = torch.autograd.grad(F.gelu(a64 @ b64 + bias64, approximate="tanh"), [a64, b64, bias64], g.double())
+    for o, r in zip(ours, refs):
+        assert (o.double() - r).abs().max().item() <= 2e-2 * r.abs().max().item() + 1e-2
+
+
+@gpu
+def test_nan_propagates():
+    a = torch.randn(128, 64, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
+    a[3, 5] = float("nan")
+    y = ck.gemm(a, b)
+    assert y[3].isnan().all() and not y[4].isnan().any()
+
+
+@gpu
+@pytest.mark.parametrize("per_row", [False, True])
+@pytest.mark.parametrize("fmt", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8(per_row, fmt):
+    m, n, k = 320, 256, 2048
+    a = (torch.randn(m, k, device="cuda") * 0.5).to(fmt)
+    w = (torch.randn(n, k, device="cuda") * 0.5).to(fmt)
+    b = w.t()  # column-major (K, N): K-major
+    sa = torch.rand(m, device="cuda") + 0.5 if per_row else torch.tensor(0.7, device="cuda")
+    sb = torch.rand(n, device="cuda") + 0.5 if per_row else torch.tensor(1.3, device="cuda")
+    y = ck.gemm_fp8(a, b, sa, sb)
+    ref = (a.double() @ b.double()) * (sa.double().reshape(-1, 1) if per_row else sa.double()) * sb.double()
+    err = (y.double() - ref).abs().max().item()
+    assert err <= 1e-2 * ref.abs().max().item()
+
+
+@gpu
+def test_torch_compile():
+    f = torch.compile(lambda a, b, bias: ck.gemm(a, b, bias=bias, activation="relu"), fullgraph=True)
+    a = torch.randn(256, 128, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(128, 256, device="cuda", dtype=torch.bfloat16)
+    bias = torch.randn(256, device="cuda", dtype=torch.bfloat16)
+    torch.testing.assert_close(f(a, b, bias), ck.gemm(a, b, bias=bias, activation="relu"))
+
+
+@gpu
+def test_bad_inputs():
+    a = torch.randn(8, 8, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ck.UnsupportedError, match="inner dims"):
+        ck.gemm(a, torch.randn(7, 8, device="cuda", dtype=torch.bfloat16))
+    with pytest.raises(ck.DTypeError, match="same dtype"):
+        ck.gemm(a, a.half())
+    with pytest.raises(ck.DTypeError):
+        ck.gemm(a.float(), a.float())
+    with pytest.raises(ck.UnsupportedError, match="activation"):
+        ck.gemm(a, a, activation="tanh")
+    with pytest.raises(ck.UnsupportedError, match="bias"):
+        ck.gemm(a, a, bias=torch.ones(7, device="cuda"))
