@@ -33,10 +33,11 @@ class GemmConfig:
     max_clusters: int = 132  # persistent grid size (SM count / cluster size)
     epilogue: Epilogue = Epilogue()
     fp8_promote_every: int = 0  # fp8: fold the MMA accumulator into fp32 every this many k-tiles
+    warpgroups: int = 0  # MMA warpgroups: 0 = one per 64 rows of the tile
 
     @property
     def mma_warpgroups(self) -> int:
-        return self.tile_m // 64
+        return self.warpgroups or self.tile_m // 64
 
     @property
     def threads(self) -> int:
