@@ -45,7 +45,7 @@ def markdown(results: dict) -> str:
             out.append(f"\n#### {family}\n")
             out.append(table([r for r in data["rows"] if r["family"] == family]))
         runtime = data.get("runtime")
-        if runtime:
+        if runtime and "dispatch_us" in runtime:
             d, f = runtime["dispatch_us"], runtime["first_call_s"]
             out.append("\n#### runtime\n")
             out.append(f"Host time per call, {d['shape']} {d['dtype']} softmax: ours {d['ours']} us, "
@@ -88,6 +88,33 @@ def plot_softmax(results: dict) -> None:
         fig.savefig(ROOT / "plots" / "softmax.png", dpi=110)
 
 
+def plot_families(results: dict) -> None:
+    """One bar chart per family (other than softmax): ours and each peer, per op and shape."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for gpu, data in results.items():
+        for family in sorted({r["family"] for r in data["rows"]} - {"softmax"}):
+            rows = [r for r in data["rows"] if r["family"] == family]
+            peers = sorted({k for r in rows for k in r["peers"]})
+            labels = [f"{r['op']}\n{r['shape']}" for r in rows]
+            width = 0.8 / (1 + len(peers))
+            fig, ax = plt.subplots(figsize=(max(8, 1.3 * len(rows)), 4.5))
+            for i, name in enumerate(["ours"] + peers):
+                values = [r["ours"] if name == "ours" else r["peers"].get(name, 0) for r in rows]
+                ax.bar([x + i * width for x in range(len(rows))], values, width,
+                       label="cute-kernels" if name == "ours" else name)
+            ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))], labels, fontsize=7)
+            ax.set_ylabel(" / ".join(sorted({r["metric"] for r in rows})))
+            ax.set_title(f"{family} on {data.get('device', gpu)}")
+            ax.legend(fontsize=8)
+            ax.grid(axis="y", alpha=0.3)
+            fig.tight_layout()
+            fig.savefig(ROOT / "plots" / f"{family}.png", dpi=110)
+
+
 def _n(shape: str) -> int:
     return int(shape.split("x")[-1])
 
@@ -104,6 +131,7 @@ def main():
     start, end = text.index(MARK_BEGIN) + len(MARK_BEGIN), text.index(MARK_END)
     doc.write_text(text[:start] + "\n" + markdown(results) + text[end:])
     plot_softmax(results)
+    plot_families(results)
 
 
 if __name__ == "__main__":

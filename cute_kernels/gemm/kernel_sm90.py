@@ -275,7 +275,6 @@ class GemmSm90:
         work = scheduler.initial_work_tile_info()
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
-        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
         while work.is_valid_tile:
             m, n, l = work.tile_idx
             read.reset_count()
@@ -283,18 +282,40 @@ class GemmSm90:
             acc.fill(0.0)
             if const_expr(promote > 0):
                 mma_acc.fill(0.0)
+            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
             cute.nvgpu.warpgroup.fence()
+            # The pipeline states are advanced here, in this loop's own body, so they are
+            # carried from tile to tile. One wgmma batch stays in flight; a stage is released
+            # once the batch after it has been issued.
             if const_expr(promote > 0):
                 for k0 in range(0, k_tiles, promote):
-                    self._mainloop(tiled_mma, mainloop, read, release, mma_acc, tCrA, tCrB,
-                                   k_blocks, k0, cutlass.min(k0 + promote, k_tiles))
+                    for k in range(k0, cutlass.min(k0 + promote, k_tiles)):
+                        mainloop.consumer_wait(read)
+                        for kb in cutlass.range_constexpr(k_blocks):
+                            cute.gemm(tiled_mma, mma_acc, tCrA[(None, None, kb, read.index)],
+                                      tCrB[(None, None, kb, read.index)], mma_acc)
+                        cute.nvgpu.warpgroup.commit_group()
+                        cute.nvgpu.warpgroup.wait_group(1)
+                        if k > 0:
+                            mainloop.consumer_release(release)
+                            release.advance()
+                        read.advance()
                     cute.nvgpu.warpgroup.wait_group(0)
                     acc.store(acc.load() + mma_acc.load())
                     mma_acc.fill(0.0)
                     cute.nvgpu.warpgroup.fence()
             else:
-                self._mainloop(tiled_mma, mainloop, read, release, acc, tCrA, tCrB, k_blocks, 0,
-                               k_tiles)
+                for k in range(k_tiles):
+                    mainloop.consumer_wait(read)
+                    for kb in cutlass.range_constexpr(k_blocks):
+                        cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)],
+                                  tCrB[(None, None, kb, read.index)], acc)
+                    cute.nvgpu.warpgroup.commit_group()
+                    cute.nvgpu.warpgroup.wait_group(1)
+                    if k > 0:
+                        mainloop.consumer_release(release)
+                        release.advance()
+                    read.advance()
             cute.nvgpu.warpgroup.wait_group(0)
             if k_tiles > 0:
                 mainloop.consumer_release(release)
@@ -305,23 +326,6 @@ class GemmSm90:
             scheduler.advance_to_next_work()
             work = scheduler.get_current_work()
         store_pipe.producer_tail()
-
-    @cute.jit
-    def _mainloop(self, tiled_mma, mainloop, read, release, acc, tCrA, tCrB, k_blocks, k_begin,
-                  k_end):
-        """wgmma over k-tiles [k_begin, k_end): one batch stays in flight, and each stage is
-        released once the batch after it has been issued."""
-        for k in range(k_begin, k_end):
-            mainloop.consumer_wait(read)
-            for kb in cutlass.range_constexpr(k_blocks):
-                cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)],
-                          tCrB[(None, None, kb, read.index)], acc)
-            cute.nvgpu.warpgroup.commit_group()
-            cute.nvgpu.warpgroup.wait_group(1)
-            if k > 0:
-                mainloop.consumer_release(release)
-                release.advance()
-            read.advance()
 
     @cute.jit
     def epilogue(self, acc, tRS_acc, tRS_coords, tRS_rD, tRS_rOut, tRS_sD, sD, gD, mD, tma_d,

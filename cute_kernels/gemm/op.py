@@ -325,16 +325,18 @@ def compile_configurations(quick: bool = False):
     found = []
     for tm, tn, cm in tiles[:2] if quick else tiles:
         for a_major, b_major in (("row", "row"),) if quick else (("row", "row"), ("col", "row"), ("row", "col"), ("col", "col")):
-            cfg = GemmConfig(tm, tn, cm, 1, 8, 132 // cm)
+            cfg = GemmConfig(tm, tn, cm)
             found.append((GemmSm90, cfg, (bf16(a_major), bf16(b_major), out, None, None, None, None) + scalars))
     for epi in (Epilogue(bias=True, activation="gelu_tanh"), Epilogue(residual=True, activation="relu"),
                 Epilogue(bias=True, residual=True, activation="silu")):
-        cfg = GemmConfig(128, 256, 1, 1, 8, 132, epi)
+        cfg = GemmConfig(128, 256, epilogue=epi)
         found.append((GemmSm90, cfg, (bf16("row"), bf16("row"), out, free(3) if epi.residual else None,
                                       free(1) if epi.bias else None, None, None) + scalars))
     for tm, cm in ((128, 1), (128, 2), (64, 1)):
-        cfg = GemmConfig(tm, 128, cm, 1, 8, 132 // cm, Epilogue(row_scale=True, col_scale=True), 4)
+        cfg = GemmConfig(tm, 128, cm, epilogue=Epilogue(row_scale=True, col_scale=True), fp8_promote_every=4)
         found.append((GemmSm90, cfg, (fp8_row, fp8_col, out, None, None, f32, f32) + scalars))
+    # The persistent grid (several tiles per CTA), compiled though not launched by default.
+    found.append((GemmSm90, GemmConfig(128, 256, max_clusters=132), (bf16("row"), bf16("row"), out, None, None, None, None) + scalars))
     return found
 
 
