@@ -50,12 +50,14 @@ class RowConfig:
         return self.cols_per_cta * self.cluster_n == self.n
 
 
-def row_config(n: int, vec: int, widest_itemsize: int, tensors_held: int = 1) -> RowConfig:
+def row_config(n: int, vec: int, widest_itemsize: int, tensors_held: int = 1,
+               wide_clusters: bool = False) -> RowConfig:
     """Choose the launch shape for rows of ``n`` elements.
 
     ``tensors_held`` is how many row-sized fragments each thread keeps in registers at once
     (1 for softmax forward; 2 for its backward, y and dy; 4 for the norm backward, which also
-    keeps the weight and the dw accumulator). A thread holds at most 128 / ``tensors_held``
+    keeps the weight and the dw accumulator). ``wide_clusters`` splits rows that would take 8
+    CTAs over 16 instead. A thread holds at most 128 / ``tensors_held``
     elements of each. Short rows share a warp between several rows; rows too long for one CTA
     of 256 threads are split over a cluster of up to 16 CTAs, which bounds the row length
     (524288 / ``tensors_held``).
@@ -81,9 +83,10 @@ def row_config(n: int, vec: int, widest_itemsize: int, tensors_held: int = 1) ->
         num_threads = 256
         per_cta = 256 * cap
     cluster_n = next((c for c in CLUSTER_SIZES if n <= per_cta * c), CLUSTER_SIZES[-1])
-    if cluster_n == 8:
-        # Measured on H100 at N = 131072 (bf16): 16 CTAs of 32 elements per thread beat 8 CTAs
-        # of 64 by 1.5% forward and 4% backward (benchmarks/NOTES.md).
+    if cluster_n == 8 and wide_clusters:
+        # Measured on H100 at N = 131072 (bf16): for softmax, 16 CTAs of 32 elements per thread
+        # beat 8 CTAs of 64 by 1.5% forward and 4% backward; for the cross-entropy forward they
+        # lose 7% (benchmarks/NOTES.md), so the op asks.
         cluster_n = 16
     config = RowConfig(n, vec, threads_per_row, num_threads, cluster_n)
     if config.elems_per_thread > cap:

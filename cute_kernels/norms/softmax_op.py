@@ -21,7 +21,7 @@ MAX_ROW_LENGTH = 524288  # forward; half of it when a gradient is needed (config
 def _build(kernel_cls, tensors_held):
     def build(key, vec):
         dtypes, n = key[:-1], key[-1]
-        config = row_config(n, vec, widest_itemsize(dtypes), tensors_held)
+        config = row_config(n, vec, widest_itemsize(dtypes), tensors_held, wide_clusters=True)
         return kernel_cls, config, row_specs(dtypes, n, vec)
 
     build.kernel_cls, build.tensors_held = kernel_cls, tensors_held
