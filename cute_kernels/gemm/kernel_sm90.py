@@ -286,36 +286,26 @@ class GemmSm90:
             cute.nvgpu.warpgroup.fence()
             # The pipeline states are advanced here, in this loop's own body, so they are
             # carried from tile to tile. One wgmma batch stays in flight; a stage is released
-            # once the batch after it has been issued.
-            if const_expr(promote > 0):
-                for k0 in range(0, k_tiles, promote):
-                    for k in range(k0, cutlass.min(k0 + promote, k_tiles)):
-                        mainloop.consumer_wait(read)
-                        for kb in cutlass.range_constexpr(k_blocks):
-                            cute.gemm(tiled_mma, mma_acc, tCrA[(None, None, kb, read.index)],
-                                      tCrB[(None, None, kb, read.index)], mma_acc)
-                        cute.nvgpu.warpgroup.commit_group()
-                        cute.nvgpu.warpgroup.wait_group(1)
-                        if k > 0:
-                            mainloop.consumer_release(release)
-                            release.advance()
-                        read.advance()
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    acc.store(acc.load() + mma_acc.load())
-                    mma_acc.fill(0.0)
-                    cute.nvgpu.warpgroup.fence()
-            else:
-                for k in range(k_tiles):
+            # once the batch after it has been issued. fp8 folds the MMA accumulator into the
+            # fp32 one after every window of ``promote`` k-tiles (one window without fp8).
+            window = promote if const_expr(promote > 0) else k_tiles
+            for k0 in range(0, k_tiles, window):
+                for k in range(k0, cutlass.min(k0 + window, k_tiles)):
                     mainloop.consumer_wait(read)
                     for kb in cutlass.range_constexpr(k_blocks):
-                        cute.gemm(tiled_mma, acc, tCrA[(None, None, kb, read.index)],
-                                  tCrB[(None, None, kb, read.index)], acc)
+                        cute.gemm(tiled_mma, mma_acc, tCrA[(None, None, kb, read.index)],
+                                  tCrB[(None, None, kb, read.index)], mma_acc)
                     cute.nvgpu.warpgroup.commit_group()
                     cute.nvgpu.warpgroup.wait_group(1)
                     if k > 0:
                         mainloop.consumer_release(release)
                         release.advance()
                     read.advance()
+                if const_expr(promote > 0):
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    acc.store(acc.load() + mma_acc.load())
+                    mma_acc.fill(0.0)
+                    cute.nvgpu.warpgroup.fence()
             cute.nvgpu.warpgroup.wait_group(0)
             if k_tiles > 0:
                 mainloop.consumer_release(release)

@@ -17,6 +17,7 @@ from ..runtime import (
     get_kernel,
     kernel_op,
 )
+from ..runtime.arch import sm_count
 from ..runtime.dtypes import dtype_name
 from ..runtime.errors import describe
 from .config import ACTIVATIONS, Epilogue, GemmConfig, choose_config
@@ -26,14 +27,6 @@ INPUT_DTYPES = (torch.bfloat16, torch.float16)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
-_SM_COUNT: dict = {}
-
-
-@torch.compiler.assume_constant_result
-def _sm_count(index: int) -> int:
-    if index not in _SM_COUNT:
-        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNT[index]
 
 
 def _major(t: torch.Tensor) -> str | None:
@@ -103,7 +96,7 @@ def gemm_out(a, b, d, c, bias, scale_a, scale_b, alpha: float, beta: float, acti
     if fn is None:
         epilogue = Epilogue(bias is not None, c is not None, activation, scale_a is not None,
                             scale_b is not None)
-        config = choose_config(m, n, k, l, a.element_size(), _sm_count(a.device.index or 0), epilogue)
+        config = choose_config(m, n, k, l, a.element_size(), sm_count(a.device.index or 0), epilogue)
         if a.element_size() == 1 and config.tile_n > 128:
             config = dataclasses.replace(config, tile_n=128)  # two fp32 accumulators must fit
         specs = (_operand_spec(a), _operand_spec(b), _operand_spec(d), _free_spec(c),

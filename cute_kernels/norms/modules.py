@@ -11,16 +11,21 @@ from .cross_entropy_op import cross_entropy, fused_linear_cross_entropy
 from .norm_op import layer_norm, rms_norm
 
 
+def _torch_forward(forward, x, residual):
+    """The parent module's forward, with the residual add done by torch (non-CUDA inputs)."""
+    if residual is None:
+        return forward(x)
+    h = x + residual
+    return forward(h), h
+
+
 class RMSNorm(torch.nn.RMSNorm):
     """``torch.nn.RMSNorm`` running :func:`cute_kernels.rms_norm`. ``forward(x, residual=None)``
     returns ``y``, or ``(y, x + residual)`` when a residual is given."""
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if not x.is_cuda:
-            if residual is not None:
-                h = x + residual
-                return super().forward(h), h
-            return super().forward(x)
+            return _torch_forward(super().forward, x, residual)
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
         return rms_norm(x, self.weight, eps, residual)
 
@@ -31,10 +36,7 @@ class LayerNorm(torch.nn.LayerNorm):
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         if not x.is_cuda:
-            if residual is not None:
-                h = x + residual
-                return super().forward(h), h
-            return super().forward(x)
+            return _torch_forward(super().forward, x, residual)
         n = 1
         for d in self.normalized_shape:
             n *= d

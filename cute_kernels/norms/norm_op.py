@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..runtime import DeviceError, DTypeError, ScalarSpec, Sym, TensorSpec, UnsupportedError, kernel_op
+from ..runtime.arch import sm_count
 from ..runtime.dtypes import dtype_name
 from ..runtime.errors import describe
 from .config import row_config
@@ -91,21 +92,13 @@ def _num_ctas(x, weight, bias, dw_partial, db_partial) -> int:
     return backward_grid(x.shape[0], x.shape[1], x.device)
 
 
-_SM_COUNTS: dict = {}
-
-
-@torch.compiler.assume_constant_result
-def _sm_count(index: int) -> int:
-    if index not in _SM_COUNTS:
-        _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNTS[index]
 
 
 def backward_grid(m: int, n: int, device: torch.device) -> int:
     """CTAs along M for the persistent backward: one 256-thread CTA per SM (the kernel needs
     more than 128 registers per thread), never more than there are row tiles."""
     rows = row_config(n, 1, 4, tensors_held=BACKWARD_HELD)
-    sms = _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
     tiles = -(-m // rows.rows_per_cta)
     return max(1, min(tiles, sms // rows.cluster_n))
 

@@ -65,3 +65,14 @@ def check_supported(arch: str) -> str:
             "(Hopper H100/H200)"
         )
     return arch
+
+
+_SM_COUNTS: dict = {}
+
+
+@torch.compiler.assume_constant_result
+def sm_count(index: int) -> int:
+    """Streaming multiprocessors of CUDA device ``index`` (cached; a constant under torch.compile)."""
+    if index not in _SM_COUNTS:
+        _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNTS[index]
