@@ -26,7 +26,15 @@ _PARTIAL = TensorSpec("float32", (Sym("ctas"), Sym("n_partial")), (Sym(), 1), 4)
 
 def _build_forward(key, vec):
     x_t, r_t, w_t, b_t, y_t, h_t, layer_norm, n = key
-    rows = row_config(n, vec, widest_itemsize((x_t, r_t, y_t, h_t, w_t, b_t)), tensors_held=1)
+    widest = widest_itemsize((x_t, r_t, y_t, h_t, w_t, b_t))
+    rows = row_config(n, vec, widest, tensors_held=1, wide_clusters=True)
+    # The residual, weight and bias slices stay in registers next to x; with 32-bit data they
+    # count in full, so the row is split further to keep them out of local memory.
+    held = 1 + sum(t is not None for t in (r_t, w_t, b_t))
+    if widest >= 4 and held > 1:
+        rows = row_config(n, vec, widest, tensors_held=held, wide_clusters=True)
+    elif (w_t is not None or b_t is not None) and rows.elems_per_thread > 64:
+        rows = row_config(n, vec, widest, tensors_held=2, wide_clusters=True)
     config = NormConfig(rows, layer_norm, w_t is not None, b_t is not None, r_t is not None)
     x, r, y, h = (None if d is None else row_specs((d,), n, vec)[0] for d in (x_t, r_t, y_t, h_t))
     specs = (x, r, _vector_spec(w_t, n, vec), _vector_spec(b_t, n, vec), y, h, _STAT,
@@ -232,7 +240,8 @@ def rms_norm(x, weight=None, eps: float = 1e-6, residual=None, out_dtype=None):
         out_dtype: dtype of y (default x's).
 
     Constraints:
-      - normalized size N up to 524288 without gradients, 131072 with
+      - normalized size N up to 524288 without gradients, 131072 with (and 131072 for fp32
+        data with a weight, bias or residual)
       - fp32 statistics and math; the weight gradient is summed from per-CTA partials in a
         fixed order (deterministic run to run)
       - a non-contiguous last dim costs a copy
