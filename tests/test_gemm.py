@@ -10,8 +10,15 @@ import torch.nn.functional as F
 
 import cute_kernels as ck
 from cute_kernels.gemm.config import choose_config
+from cute_kernels.gemm.op import EXPERIMENTAL_ENV
 
 gpu = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _enable_gemm(monkeypatch):
+    """The kernel is gated until validated; these tests are the validation."""
+    monkeypatch.setenv(EXPERIMENTAL_ENV, "1")
 
 
 def ref_mm(a, b):
@@ -38,6 +45,14 @@ def test_heuristic_covers_shapes():
     small = choose_config(128, 8192, 8192, 1, 2, 132)
     assert small.tile_m * small.tile_n <= 128 * 128
     assert choose_config(64, 64, 64, 1, 2, 132).tile_m == 64
+
+
+def test_gated_until_validated(monkeypatch):
+    monkeypatch.delenv(EXPERIMENTAL_ENV)
+    from cute_kernels.gemm.op import _check_enabled
+
+    with pytest.raises(ck.UnsupportedError, match=EXPERIMENTAL_ENV):
+        _check_enabled()
 
 
 def test_cpu_tensor_is_refused():
