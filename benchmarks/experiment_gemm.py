@@ -4,13 +4,12 @@
 """
 
 import sys
-import time
 
 import torch
 
 from cute_kernels.gemm.config import GemmConfig
 from cute_kernels.gemm.kernel_sm90 import GemmSm90
-from cute_kernels.gemm.op import _operand_spec, _free_spec
+from cute_kernels.gemm.op import _operand_spec
 from cute_kernels.runtime import ScalarSpec, StreamSpec, get_kernel
 
 tm, tn, wg, cm = (int(v) for v in sys.argv[1:5])

@@ -76,10 +76,9 @@ def tflops(flops: float, ms: float) -> float:
 def ceilings() -> dict:
     """Device copy bandwidth (read + write) and bf16 matmul rate, measured now."""
     n = 1 << 28  # 512 MiB of bf16
-    src = [torch.empty(n, dtype=torch.bfloat16, device="cuda").normal_()]
-    dst = torch.empty_like(src[0])
-    ms = bench(lambda s: dst.copy_(s), [(src[0],)], reps=20)
-    copy = gbps(2 * n * 2, ms)
+    src = torch.empty(n, dtype=torch.bfloat16, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    copy = gbps(2 * n * 2, bench(dst.copy_, [(src,)], reps=20))
     del src, dst
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)

@@ -27,14 +27,12 @@ Constraints:
 
 from __future__ import annotations
 
-import math
-
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.utils as utils
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32, Int32, const_expr
+from cutlass import Float32, const_expr
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from .config import GemmConfig
@@ -152,7 +150,6 @@ class GemmSm90:
                alpha: Float32, beta: Float32, tiled_mma: cute.TiledMma, cta_layout_mnk: cute.Layout,
                a_smem_staged: cute.ComposedLayout, b_smem_staged: cute.ComposedLayout,
                epi_smem_staged: cute.ComposedLayout, params: utils.PersistentTileSchedulerParams):
-        cfg = self.config
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp == 0:

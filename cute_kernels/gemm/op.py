@@ -8,7 +8,6 @@ import os
 import torch
 
 from ..runtime import (
-    DeviceError,
     DTypeError,
     ScalarSpec,
     StreamSpec,
@@ -20,7 +19,7 @@ from ..runtime import (
 )
 from ..runtime.arch import sm_count
 from ..runtime.dtypes import dtype_name
-from ..runtime.errors import describe
+from ..runtime.errors import check_tensor, describe
 from .config import ACTIVATIONS, Epilogue, GemmConfig, choose_config
 from .kernel_sm90 import GemmSm90
 
@@ -74,7 +73,7 @@ def _as_batched(t: torch.Tensor) -> torch.Tensor:
 
 def _padded_row_major(t: torch.Tensor, cols_multiple: int) -> torch.Tensor:
     """A zero-padded row-major copy whose row length is a multiple of ``cols_multiple``."""
-    rows, cols = t.shape[-2], t.shape[-1]
+    cols = t.shape[-1]
     padded = torch.zeros((*t.shape[:-1], -(-cols // cols_multiple) * cols_multiple),
                          dtype=t.dtype, device=t.device)
     padded[..., :cols] = t
@@ -112,16 +111,9 @@ _kernels: dict = {}
 
 def _check_operands(a, b, allowed, what):
     for name, t in (("a", a), ("b", b)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.device.type != "cuda":
-            raise DeviceError(f"{name} must be a CUDA tensor, got {describe(t)}")
-        if t.dtype not in allowed:
-            raise DTypeError(f"{name} has dtype {t.dtype}; {what} supports {allowed}")
+        check_tensor(name, t, allowed, a if name == "b" else None)
         if t.dim() not in (2, 3):
             raise UnsupportedError(f"{name} must be 2-D or 3-D (batched), got shape {tuple(t.shape)}")
-    if a.device != b.device:
-        raise DeviceError(f"a is on {a.device} but b is on {b.device}")
     if a.dtype != b.dtype and allowed is INPUT_DTYPES:
         raise DTypeError(f"a ({a.dtype}) and b ({b.dtype}) must have the same dtype")
     if a.dim() != b.dim():

@@ -6,8 +6,8 @@ import dataclasses
 
 import torch
 
-from ..runtime import DeviceError, DTypeError, ScalarSpec, Sym, TensorSpec, UnsupportedError, kernel_op
-from ..runtime.errors import describe
+from ..runtime import DTypeError, ScalarSpec, Sym, TensorSpec, UnsupportedError, kernel_op
+from ..runtime.errors import check_tensor, describe
 from .config import row_config
 from .cross_entropy import CrossEntropyBwdSm90, CrossEntropyConfig, CrossEntropyFwdSm90, ScaleRowsSm90
 from .dispatch import RowKernels, row_specs, vector_width, widest_itemsize
@@ -104,17 +104,8 @@ def cross_entropy_bwd(logits, target, lse, dloss, grad, ignore_index: int, label
 
 
 def _check(logits, target, ignore_index, label_smoothing, reduction, lse_square_scale, what="logits"):
-    for name, t in ((what, logits), ("target", target)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        if t.device.type != "cuda":
-            raise DeviceError(f"{name} must be a CUDA tensor, got device {t.device} ({describe(t)})")
-    if target.device != logits.device:
-        raise DeviceError(f"target is on {target.device} but {what} is on {logits.device}")
-    if logits.dtype not in FLOAT_DTYPES:
-        raise DTypeError(f"{what} has dtype {logits.dtype}; supported: float32, float16, bfloat16")
-    if target.dtype not in TARGET_DTYPES:
-        raise DTypeError(f"target has dtype {target.dtype}; supported: int64, int32")
+    check_tensor(what, logits, FLOAT_DTYPES)
+    check_tensor("target", target, TARGET_DTYPES, logits)
     if reduction not in REDUCTIONS:
         raise UnsupportedError(f"reduction={reduction!r}; supported: {REDUCTIONS}")
     if not 0.0 <= float(label_smoothing) <= 1.0:

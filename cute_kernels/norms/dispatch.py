@@ -19,7 +19,6 @@ from typing import Callable
 import torch
 
 from ..runtime import StreamSpec, Sym, TensorSpec, dtype_name, get_kernel
-from .config import row_config
 
 ITEMSIZE = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Boolean, Float32, Int32, const_expr
+from cutlass import Float32, Int32, const_expr
 
 from ..primitives.reduce import add, row_reduce
 from .config import RowConfig

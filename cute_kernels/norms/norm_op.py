@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from ..runtime import DeviceError, DTypeError, ScalarSpec, Sym, TensorSpec, UnsupportedError, kernel_op
+from ..runtime import DTypeError, ScalarSpec, Sym, TensorSpec, UnsupportedError, kernel_op
 from ..runtime.arch import sm_count
 from ..runtime.dtypes import dtype_name
-from ..runtime.errors import describe
+from ..runtime.errors import check_tensor
 from .config import row_config
 from .dispatch import ITEMSIZE, RowKernels, row_specs, vector_width, widest_itemsize
 from .norm import NormBwdSm90, NormConfig, NormFwdSm90
@@ -27,14 +27,13 @@ _PARTIAL = TensorSpec("float32", (Sym("ctas"), Sym("n_partial")), (Sym(), 1), 4)
 def _build_forward(key, vec):
     x_t, r_t, w_t, b_t, y_t, h_t, layer_norm, n = key
     widest = widest_itemsize((x_t, r_t, y_t, h_t, w_t, b_t))
-    rows = row_config(n, vec, widest, tensors_held=1, wide_clusters=True)
-    # The residual, weight and bias slices stay in registers next to x; with 32-bit data they
-    # count in full, so the row is split further to keep them out of local memory.
+    rows = row_config(n, vec, widest, tensors_held=1)
+    # The residual, weight and bias slices stay in registers next to x: with 32-bit data, or
+    # more than 256 values per thread in all, the row is split further to keep them out of
+    # local memory (the compile tests check every combination for spills).
     held = 1 + sum(t is not None for t in (r_t, w_t, b_t))
-    if widest >= 4 and held > 1:
-        rows = row_config(n, vec, widest, tensors_held=held, wide_clusters=True)
-    elif (w_t is not None or b_t is not None) and rows.elems_per_thread > 64:
-        rows = row_config(n, vec, widest, tensors_held=2, wide_clusters=True)
+    if (widest >= 4 and held > 1) or rows.elems_per_thread * held > 256:
+        rows = row_config(n, vec, widest, tensors_held=held)
     config = NormConfig(rows, layer_norm, w_t is not None, b_t is not None, r_t is not None)
     x, r, y, h = (None if d is None else row_specs((d,), n, vec)[0] for d in (x_t, r_t, y_t, h_t))
     specs = (x, r, _vector_spec(w_t, n, vec), _vector_spec(b_t, n, vec), y, h, _STAT,
@@ -115,14 +114,7 @@ def backward_grid(m: int, n: int, device: torch.device) -> int:
 
 
 def _check_tensor(name, t, x=None, shape=None):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cuda":
-        raise DeviceError(f"{name} must be a CUDA tensor, got device {t.device} ({describe(t)})")
-    if t.dtype not in FLOAT_DTYPES:
-        raise DTypeError(f"{name} has dtype {t.dtype}; supported: float32, float16, bfloat16")
-    if x is not None and t.device != x.device:
-        raise DeviceError(f"{name} is on {t.device} but x is on {x.device}")
+    check_tensor(name, t, FLOAT_DTYPES, x)
     if shape is not None and tuple(t.shape) != tuple(shape):
         raise UnsupportedError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
 

@@ -25,7 +25,6 @@ from cutlass import Float32, const_expr
 
 from ..primitives.reduce import LOG2_E, add, maximum, row_reduce, shuffle_combine, softmax_pair
 from ..primitives.reduce import cross_warp_combine
-from .config import RowConfig
 from .rows import (
     RowKernel,
     load_fragments,

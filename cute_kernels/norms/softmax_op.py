@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from ..runtime import DeviceError, DTypeError, UnsupportedError, kernel_op
-from ..runtime.errors import describe
+from ..runtime import DTypeError, UnsupportedError, kernel_op
+from ..runtime.errors import check_tensor
 from .config import row_config
 from .dispatch import ITEMSIZE, RowKernels, row_specs, vector_width, widest_itemsize
 from .softmax import SoftmaxBwdSm90, SoftmaxFwdSm90
@@ -44,20 +44,9 @@ def softmax_bwd(y: torch.Tensor, dy: torch.Tensor, dx: torch.Tensor) -> None:
     _backward_kernels((y.dtype, dy.dtype, dx.dtype, y.shape[1]), (y, dy, dx), y, dy, dx)
 
 
-def _check_float(name: str, t: torch.Tensor) -> None:
-    if t.dtype not in FLOAT_DTYPES:
-        raise DTypeError(
-            f"{name} has dtype {t.dtype}; supported: float32, float16, bfloat16 ({describe(t)})"
-        )
-
-
 def _validate(x, dim, out_dtype) -> int:
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
-    if not x.is_cuda:
-        raise DeviceError(f"x must be a CUDA tensor, got device {x.device} ({describe(x)})")
-    if x.dtype not in FLOAT_DTYPES:
-        _check_float("x", x)
+    if not isinstance(x, torch.Tensor) or not x.is_cuda or x.dtype not in FLOAT_DTYPES:
+        check_tensor("x", x, FLOAT_DTYPES)  # raises the matching error
     if out_dtype is not None and out_dtype not in FLOAT_DTYPES:
         raise DTypeError(f"out_dtype={out_dtype} is not supported; use float32, float16 or bfloat16")
     ndim = x.dim() or 1
@@ -125,7 +114,7 @@ class _Softmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         (y,) = ctx.saved_tensors
-        _check_float("grad of softmax output", dy)
+        check_tensor("grad of softmax output", dy, FLOAT_DTYPES)
         return _backward(y, dy, ctx.dim, ctx.x_dtype), None, None
 
 

@@ -37,3 +37,19 @@ def describe(value) -> str:
         device = getattr(value, "device", None)
         return f"tensor(shape={tuple(shape)}, dtype={dtype}, device={device})"
     return repr(value)
+
+
+def check_tensor(name: str, t, dtypes: tuple, like=None) -> None:
+    """Raise a clear error unless ``t`` is a CUDA tensor of one of ``dtypes`` (on the same device
+    as ``like`` when given)."""
+    import torch
+
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cuda":
+        raise DeviceError(f"{name} must be a CUDA tensor, got device {t.device} ({describe(t)})")
+    if t.dtype not in dtypes:
+        names = ", ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise DTypeError(f"{name} has dtype {t.dtype}; supported: {names}")
+    if like is not None and t.device != like.device:
+        raise DeviceError(f"{name} is on {t.device} but the other inputs are on {like.device}")
