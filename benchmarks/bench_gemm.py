@@ -9,12 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
-import os
-
 import torch
 import torch.nn.functional as F
-
-os.environ.setdefault("CUTE_KERNELS_EXPERIMENTAL_GEMM", "1")  # this benchmark is part of validating it
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Results, bench_many, ceilings, make_input_sets, tflops, try_import  # noqa: E402

@@ -1,40 +1,85 @@
-"""Run one GEMM configuration (checked against cuBLAS, then timed) in this process.
+"""Time GEMM configurations side by side with cuBLAS (L2-cold inputs, interleaved rounds).
 
-    python benchmarks/experiment_gemm.py TILE_M TILE_N WARPGROUPS CLUSTER_M [M N K]
+    python benchmarks/experiment_gemm.py [--shapes MxNxK,...] [--configs TMxTNxWGxCM,...] [--fp8]
+
+Every configuration runs persistent (one CTA per SM at most). Each result is checked against
+cuBLAS before it is timed.
 """
 
+from __future__ import annotations
+
+import argparse
 import sys
+from pathlib import Path
 
 import torch
 
-from cute_kernels.gemm.config import GemmConfig
-from cute_kernels.gemm.kernel_sm90 import GemmSm90
-from cute_kernels.gemm.op import _operand_spec
-from cute_kernels.runtime import ScalarSpec, StreamSpec, get_kernel
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import bench_many, make_input_sets, tflops  # noqa: E402
 
-tm, tn, wg, cm = (int(v) for v in sys.argv[1:5])
-m, n, k = (int(v) for v in sys.argv[5:8]) if len(sys.argv) > 7 else (4096, 4096, 4096)
-a = torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16)
-b = torch.randn(1, k, n, device="cuda", dtype=torch.bfloat16)
-d = torch.empty(1, m, n, device="cuda", dtype=torch.bfloat16)
-cfg = GemmConfig(tm, tn, cm, 1, 8, 132 // cm, warpgroups=wg)
-specs = (_operand_spec(a), _operand_spec(b), _operand_spec(d), None, None, None, None,
-         ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
-fn = get_kernel(GemmSm90, cfg, specs)
-fn(a, b, d, None, None, None, None, 1.0, 0.0)
-torch.cuda.synchronize()
-ref = torch.matmul(a, b)
-err = (d.float() - ref.float()).abs().max().item()
-times = []
-for _ in range(20):
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record(); fn(a, b, d, None, None, None, None, 1.0, 0.0); e.record(); torch.cuda.synchronize()
-    times.append(s.elapsed_time(e))
-tc = []
-for _ in range(20):
-    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    s.record(); torch.matmul(a, b); e.record(); torch.cuda.synchronize()
-    tc.append(s.elapsed_time(e))
-ours, cub = sorted(times)[10], sorted(tc)[10]
-fl = 2 * m * n * k / 1e9
-print(f"cfg {tm}x{tn} wg{wg} c{cm} {m}x{n}x{k}: err {err:.3g}  ours {fl / ours:.0f} TFLOP/s  cublas {fl / cub:.0f}  ratio {cub / ours:.3f}")
+from cute_kernels.gemm.config import Epilogue, GemmConfig  # noqa: E402
+from cute_kernels.gemm.kernel_sm90 import GemmSm90  # noqa: E402
+from cute_kernels.gemm.op import _free_spec, _operand_spec  # noqa: E402
+from cute_kernels.runtime import ScalarSpec, StreamSpec, get_kernel  # noqa: E402
+from cute_kernels.runtime.arch import sm_count  # noqa: E402
+
+
+def parse(text, parts):
+    return [tuple(int(v) for v in item.split("x")) for item in text.split(",") if item] if text else parts
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shapes", default="4096x4096x4096")
+    parser.add_argument("--configs", default="128x256x2x1,128x256x2x2,128x128x2x1,64x128x1x1")
+    parser.add_argument("--fp8", action="store_true")
+    args = parser.parse_args()
+    sms = sm_count(0)
+    for m, n, k in parse(args.shapes, []):
+        if args.fp8:
+            def make():
+                a = torch.randn(1, m, k, device="cuda").to(torch.float8_e4m3fn)
+                return a, torch.randn(1, n, k, device="cuda").to(torch.float8_e4m3fn).transpose(1, 2)
+            sets = make_input_sets(make, m * k + k * n)
+        else:
+            sets = make_input_sets(lambda: (torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16),
+                                            torch.randn(1, k, n, device="cuda", dtype=torch.bfloat16)),
+                                   (m * k + k * n) * 2)
+        d = torch.empty(1, m, n, device="cuda", dtype=torch.bfloat16)
+        one = torch.ones(max(m, n), device="cuda")
+        sa, sb = (one[:m], one[:n]) if args.fp8 else (None, None)
+        a0, b0 = sets[0]
+        ref = (torch._scaled_mm(a0[0], b0[0], one[0], one[0], out_dtype=torch.bfloat16) if args.fp8
+               else torch.matmul(a0[0], b0[0])).float()
+        fns = {}
+        for tm, tn, wg, cm in parse(args.configs, []):
+            epi = Epilogue(row_scale=True, col_scale=True) if args.fp8 else Epilogue()
+            cfg = GemmConfig(tm, tn, cm, 1, 8, sms // cm, epilogue=epi, warpgroups=wg,
+                             fp8_promote_every=4 if args.fp8 else 0)
+            specs = (_operand_spec(a0), _operand_spec(b0), _operand_spec(d), None, None,
+                     _free_spec(sa), _free_spec(sb), ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
+            try:
+                kernel = get_kernel(GemmSm90, cfg, specs)
+            except Exception as exc:  # noqa: BLE001 (report and go on)
+                print(f"{m}x{n}x{k} {tm}x{tn} wg{wg} c{cm}: {type(exc).__name__}: {str(exc)[:200]}")
+                continue
+
+            def run(a, b, kernel=kernel):
+                kernel(a, b, d, None, None, sa, sb, 1.0, 0.0)
+
+            run(a0, b0)
+            err = ((d[0].float() - ref).abs().max() / ref.abs().max()).item()
+            print(f"{m}x{n}x{k} {tm}x{tn} wg{wg} c{cm}: rel err vs cuBLAS {err:.2e}")
+            fns[f"{tm}x{tn}w{wg}c{cm}"] = run
+        if args.fp8:
+            scale = one[0]
+            fns["cublas"] = lambda a, b: torch._scaled_mm(a[0], b[0], scale, scale, out_dtype=torch.bfloat16)
+        else:
+            fns["cublas"] = lambda a, b: torch.matmul(a[0], b[0])
+        ms = bench_many(fns, sets, rounds=3, reps=20)
+        line = "  ".join(f"{key} {tflops(2 * m * n * k, v):.0f}" for key, v in ms.items())
+        print(f"{m}x{n}x{k} TFLOP/s: {line}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

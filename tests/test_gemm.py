@@ -10,15 +10,8 @@ import torch.nn.functional as F
 
 import cute_kernels as ck
 from cute_kernels.gemm.config import choose_config
-from cute_kernels.gemm.op import EXPERIMENTAL_ENV
 
 gpu = pytest.mark.gpu
-
-
-@pytest.fixture(autouse=True)
-def _enable_gemm(monkeypatch):
-    """The kernel is gated until validated; these tests are the validation."""
-    monkeypatch.setenv(EXPERIMENTAL_ENV, "1")
 
 
 def ref_mm(a, b):
@@ -47,12 +40,12 @@ def test_heuristic_covers_shapes():
     assert choose_config(64, 64, 64, 1, 2, 132).tile_m == 64
 
 
-def test_gated_until_validated(monkeypatch):
-    monkeypatch.delenv(EXPERIMENTAL_ENV)
-    from cute_kernels.gemm.op import _check_enabled
-
-    with pytest.raises(ck.UnsupportedError, match=EXPERIMENTAL_ENV):
-        _check_enabled()
+def test_heuristic_fills_the_machine():
+    # Skinny problems take the smaller tile so that more SMs get work; the grid is persistent.
+    assert choose_config(128, 8192, 8192, 1, 2, 132).tile_n == 128
+    big = choose_config(8192, 8192, 8192, 1, 2, 132)
+    assert big.max_clusters * big.cluster_m <= 132
+    assert choose_config(4096, 4096, 4096, 1, 1, 132).tile_n == 128  # fp8: two accumulators
 
 
 def test_cpu_tensor_is_refused():
@@ -94,6 +87,31 @@ def test_batched_and_out_dtypes_and_out():
     assert (y.double() - ref_mm(a[0], b[0])).abs().max().item() < 1e-2
     out = torch.full((200, 72), float("nan"), device="cuda", dtype=torch.bfloat16)
     assert ck.gemm(a[0], b[0], out=out) is out and not out.isnan().any()
+
+
+@gpu
+@pytest.mark.parametrize("mnk", [(1000, 2900, 64), (4100, 1030, 200)])
+def test_persistent_schedule_writes_every_tile_once(mnk):
+    # More tiles than SMs, and a last group of tile columns narrower than the others.
+    m, n, k = mnk
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    ck.gemm(a, b, out=out)
+    check(out, a, b)
+
+
+@gpu
+def test_repeated_calls_use_a_plan_and_stay_correct():
+    base = torch.randn(300, 136, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(64, 200, device="cuda", dtype=torch.bfloat16)
+    aligned, misaligned = base[:, 8:72], base[:, 1:65]  # same shape and strides
+    for a in (aligned, aligned, misaligned, aligned):
+        check(ck.gemm(a, b), a, b)
+    bias = torch.randn(200, device="cuda", dtype=torch.bfloat16)
+    for _ in range(2):
+        y = ck.gemm(aligned, b, bias=bias, alpha=0.5, activation="relu")
+        check(y, aligned, b, extra=torch.relu(0.5 * ref_mm(aligned, b) + bias.double()))
 
 
 @gpu

@@ -30,8 +30,8 @@ class GemmConfig:
     cluster_m: int = 1  # CTAs along M sharing B tiles (TMA multicast)
     cluster_n: int = 1  # CTAs along N sharing A tiles
     swizzle: int = 8  # rasterization group size (in clusters) for L2 reuse
-    # Grid size cap in clusters. The default launches one CTA (cluster) per output tile: the
-    # persistent multi-tile path is compiled but not used by default (see benchmarks/NOTES.md).
+    # Grid size cap in clusters: the persistent grid launches min(tiles, max_clusters) clusters
+    # and each walks its share of the tiles; 2^30 launches one cluster per tile.
     max_clusters: int = 1 << 30
     epilogue: Epilogue = Epilogue()
     fp8_promote_every: int = 0  # fp8: fold the MMA accumulator into fp32 every this many k-tiles
@@ -46,23 +46,35 @@ class GemmConfig:
         return 128 * (1 + self.mma_warpgroups)
 
 
+# Relative MMA throughput of each tile shape at large K (measured on H100, 4096^3 bf16:
+# 749 / 503 TFLOP/s, benchmarks/NOTES.md). The smaller tile wins only by filling more SMs.
+TILE_EFFICIENCY = {(128, 256): 1.0, (128, 128): 0.7}
+
+
 def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: int,
                   epilogue: Epilogue = Epilogue()) -> GemmConfig:  # noqa: ARG001 (k: future use)
     """Tile and cluster shape for a (batch x) M x N x K problem.
 
-    128 x 256 tiles (two MMA warpgroups of 64 x 256) give the highest MMA efficiency; when they
-    would leave SMs idle the tile shrinks to 128 x 128, then 64 x 128 (small M). A 2-CTA cluster
-    along M halves B traffic from L2 when there are enough tiles to fill the clusters.
+    128 x 256 (two MMA warpgroups of 64 x 256) and 128 x 128 tiles are scored by their wave
+    count (tiles / SMs, rounded up) times the tile's work divided by its measured MMA
+    efficiency; the cheapest wins, so small problems shrink the tile until more SMs have work.
+    M <= 64 takes 64 x 128 tiles (one warpgroup); fp8 takes 128 x 128. A 2-CTA cluster along M halves B traffic from L2 when there are
+    enough tiles to fill the clusters. The grid is persistent: at most one CTA per SM.
     """
     def tiles(tm, tn):
         return -(-m // tm) * -(-n // tn) * batch
 
-    if tiles(128, 256) >= sm_count:
-        tile_m, tile_n = 128, 256
-    elif tiles(128, 128) >= sm_count or m > 64:
-        tile_m, tile_n = 128, 128
+    def cost(shape):
+        tm, tn = shape
+        return -(-tiles(tm, tn) // sm_count) * tm * tn / TILE_EFFICIENCY[shape]
+
+    if m <= 64:
+        tile_m, tile_n = 64, 128  # one MMA warpgroup: no rows wasted
+    elif itemsize == 1:
+        tile_m, tile_n = 128, 128  # fp8 keeps two fp32 accumulators: 128 columns at most
     else:
-        tile_m, tile_n = 64, 128
+        tile_m, tile_n = min([(128, 256), (128, 128)], key=cost)
     cluster_m = 2 if tiles(tile_m, tile_n) >= 2 * sm_count and -(-m // tile_m) % 2 == 0 else 1
     promote = 4 if itemsize == 1 else 0
-    return GemmConfig(tile_m, tile_n, cluster_m, 1, 8, epilogue=epilogue, fp8_promote_every=promote)
+    return GemmConfig(tile_m, tile_n, cluster_m, 1, 8, max(1, sm_count // cluster_m),
+                      epilogue=epilogue, fp8_promote_every=promote)

@@ -5,8 +5,8 @@ Design:
     tiles into a multi-stage mbarrier pipeline; its registers are cut to 40 with setmaxnreg);
     one or two MMA warpgroups (64 rows of the tile each, 232 registers) consume the stages with
     wgmma, both operands from swizzled shared memory.
-  - Persistent: a static tile scheduler walks the output tiles with a swizzled rasterization
-    (groups of ``swizzle`` clusters) for L2 reuse; the producer runs ahead into the next tile
+  - Persistent: a static schedule (scheduler.py) walks the output tiles in groups of
+    ``swizzle`` cluster columns for L2 reuse; the producer runs ahead into the next tile
     while the MMA warpgroups run the epilogue of the current one.
   - Clusters of ``cluster_m`` x ``cluster_n`` CTAs share operand tiles by TMA multicast.
   - Epilogue: accumulators -> ``alpha * acc (+ beta * C) (+ bias)`` -> activation -> output
@@ -16,8 +16,9 @@ Design:
     ``fp8_promote_every`` k-tiles, so long K keeps fp32 accuracy; per-row / per-column scales
     are applied in the epilogue.
 
-Tensors arrive in torch order: A (L, M, K), B (L, K, N), D and C (L, M, N); any of them may be
-row- or column-major in its last two dims (transposed views go straight to the TMA descriptors).
+Tensors arrive in torch order: A (L, M, K), B (L, K, N), D and C (L, M, N), or without the L mode
+for one problem; any of them may be row- or column-major in its last two dims (transposed views
+go straight to the TMA descriptors).
 
 Constraints:
   - 16-bit (fp16 / bf16) or 8-bit float A and B of the same width; fp8 needs K-major A and B
@@ -30,12 +31,14 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils as utils
+import cutlass.memory
+import cutlass.tensor_utils as tensor_utils
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32, const_expr
+from cutlass import Float32, Int32, const_expr
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from .config import GemmConfig
+from .scheduler import cluster_tile_counts, tile_coords
 
 SMEM_CAPACITY = 232448
 EPILOGUE_STAGES = 4
@@ -44,7 +47,11 @@ MMA_REGISTERS = 232
 
 
 def _to_blas_order(t: cute.Tensor, order) -> cute.Tensor:
-    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=order))
+    """(L, rows, cols) -> the given mode order; a 2-D (rows, cols) tensor gets a unit batch mode."""
+    layout = t.layout
+    if const_expr(cute.rank(layout) == 2):
+        layout = cute.prepend(layout, cute.make_layout(1, stride=0))
+    return cute.make_tensor(t.iterator, cute.select(layout, mode=order))
 
 
 class GemmSm90:
@@ -64,9 +71,9 @@ class GemmSm90:
     def _setup(self, a, b, d):
         cfg = self.config
         self.a_dtype, self.b_dtype, self.d_dtype = a.element_type, b.element_type, d.element_type
-        self.a_layout = utils.LayoutEnum.from_tensor(a)
-        self.b_layout = utils.LayoutEnum.from_tensor(b)
-        self.d_layout = utils.LayoutEnum.from_tensor(d)
+        self.a_layout = tensor_utils.LayoutEnum.from_tensor(a)
+        self.b_layout = tensor_utils.LayoutEnum.from_tensor(b)
+        self.d_layout = tensor_utils.LayoutEnum.from_tensor(d)
         self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.a_dtype, self.b_dtype, self.a_layout.sm90_mma_major_mode(),
             self.b_layout.sm90_mma_major_mode(), Float32, self.atom_layout_mnk,
@@ -124,9 +131,10 @@ class GemmSm90:
             cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(), d,
             cute.slice_(self.epi_smem_staged, (None, None, 0)), self.epi_tile,
         )
-        tiles = cute.zipped_divide(d, tiler=(cfg.tile_m, cfg.tile_n))[(0, (None, None, None))].shape
-        params = utils.PersistentTileSchedulerParams(tiles, (*self.cluster_mn, 1), cfg.swizzle, True)
-        grid = utils.StaticPersistentTileScheduler.get_grid_shape(params, cfg.max_clusters)
+        cm_tiles, cn_tiles, total = cluster_tile_counts(
+            d.shape[0], d.shape[1], d.shape[2], (cfg.tile_m, cfg.tile_n), self.cluster_mn)
+        schedule = (cm_tiles, cn_tiles, total)
+        grid = (*self.cluster_mn, cutlass.min(total, cfg.max_clusters))
 
         @cute.struct
         class Storage:
@@ -139,7 +147,7 @@ class GemmSm90:
         self.kernel(
             tma_a, tma_tensor_a, tma_b, tma_tensor_b, tma_d, tma_tensor_d, c, mBias, mScaleA,
             mScaleB, alpha, beta, self.tiled_mma, self.cta_layout_mnk, self.a_smem_staged,
-            self.b_smem_staged, self.epi_smem_staged, params,
+            self.b_smem_staged, self.epi_smem_staged, schedule,
         ).launch(grid=grid, block=[self.threads, 1, 1], cluster=(*self.cluster_mn, 1),
                  min_blocks_per_mp=1, stream=stream)
 
@@ -149,7 +157,7 @@ class GemmSm90:
     def kernel(self, tma_a, mA, tma_b, mB, tma_d, mD, mC, mBias, mScaleA, mScaleB,
                alpha: Float32, beta: Float32, tiled_mma: cute.TiledMma, cta_layout_mnk: cute.Layout,
                a_smem_staged: cute.ComposedLayout, b_smem_staged: cute.ComposedLayout,
-               epi_smem_staged: cute.ComposedLayout, params: utils.PersistentTileSchedulerParams):
+               epi_smem_staged: cute.ComposedLayout, schedule):
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp == 0:
@@ -158,7 +166,7 @@ class GemmSm90:
             cute.nvgpu.cpasync.prefetch_descriptor(tma_d)
         rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
         cluster_coord = cta_layout_mnk.get_flat_coord(rank)
-        smem = cutlass.utils.SmemAllocator()
+        smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.storage)
         stage_bytes = cute.size_in_bytes(self.a_dtype, cute.slice_(a_smem_staged, (None, None, 0))) + \
             cute.size_in_bytes(self.b_dtype, cute.slice_(b_smem_staged, (None, None, 0)))
@@ -187,15 +195,16 @@ class GemmSm90:
             cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
             if warp == 0:
                 self.load(tma_a, tma_b, sA, sB, gA, gB, mainloop, cta_layout_mnk, cluster_coord,
-                          k_tiles, params)
+                          k_tiles, schedule)
         else:
             cute.arch.setmaxregister_increase(MMA_REGISTERS)
             self.mma_and_epilogue(tiled_mma, sA, sB, sD, gD, mD, tma_d, mC, mBias, mScaleA,
-                                  mScaleB, alpha, beta, mainloop, k_tiles, params, tidx - 128, warp)
+                                  mScaleB, alpha, beta, mainloop, k_tiles, schedule, cluster_coord,
+                                  tidx - 128, warp)
 
     @cute.jit
     def load(self, tma_a, tma_b, sA, sB, gA, gB, mainloop, cta_layout_mnk, cluster_coord, k_tiles,
-             params):
+             schedule):
         """Producer warp: TMA loads of A and B k-tiles for every tile this CTA owns."""
         a_mask = cute.make_layout_image_mask(cta_layout_mnk, cluster_coord, mode=1) if const_expr(self.mcast_a > 1) else 0
         b_mask = cute.make_layout_image_mask(cta_layout_mnk, cluster_coord, mode=0) if const_expr(self.mcast_b > 1) else 0
@@ -207,11 +216,12 @@ class GemmSm90:
             tma_b, cluster_coord[0], cute.make_layout(cute.slice_(cta_layout_mnk, (None, 0, 0)).shape),
             cute.group_modes(sB, 0, 2), cute.group_modes(gB, 0, 2),
         )
-        scheduler = utils.StaticPersistentTileScheduler.create(params, cute.arch.block_idx(), cute.arch.grid_dim())
-        work = scheduler.initial_work_tile_info()
+        cm_tiles, cn_tiles, total = schedule
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stages)
-        while work.is_valid_tile:
-            m, n, l = work.tile_idx
+        t = cute.arch.block_idx()[2]
+        while t < total:
+            m, n, l = tile_coords(t, cm_tiles, cn_tiles, self.config.swizzle, self.cluster_mn,
+                                  cluster_coord[0], cluster_coord[1])
             tAgA_tile = tAgA[(None, m, None, l)]
             tBgB_tile = tBgB[(None, n, None, l)]
             state.reset_count()
@@ -224,13 +234,13 @@ class GemmSm90:
                           tma_bar_ptr=barrier, mcast_mask=b_mask)
                 mainloop.producer_commit(state)
                 state.advance()
-            scheduler.advance_to_next_work()
-            work = scheduler.get_current_work()
+            t += cute.arch.grid_dim()[2]
         mainloop.producer_tail(state)
 
     @cute.jit
     def mma_and_epilogue(self, tiled_mma, sA, sB, sD, gD, mD, tma_d, mC, mBias, mScaleA, mScaleB,
-                         alpha: Float32, beta: Float32, mainloop, k_tiles, params, tidx, warp):
+                         alpha: Float32, beta: Float32, mainloop, k_tiles, schedule, cluster_coord,
+                         tidx, warp):
         """MMA warpgroups: wgmma over the k-tiles, then the epilogue, tile after tile."""
         cfg = self.config
         wg = cute.arch.make_warp_uniform(tidx // 128)
@@ -256,7 +266,9 @@ class GemmSm90:
         thr_store = tiled_store.get_slice(tidx)
         tRS_sD = thr_store.partition_D(sD)
         tRS_acc = tiled_store.retile(acc)
-        coords = thr_mma.partition_C(cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
+        # (row, col) in the tile of each accumulator value this thread holds: partitioned by the
+        # thread's own index (thr_mma above is the warpgroup's slice, right for the operands only).
+        coords = tiled_mma.get_slice(tidx).partition_C(cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
         tRS_coords = tiled_store.retile(coords)
         frag_shape = cute.shape(thr_store.partition_S(sD))[:3]
         tRS_rD = cute.make_rmem_tensor(frag_shape, Float32)
@@ -268,12 +280,14 @@ class GemmSm90:
         )
         store_warp = 4  # first warp of the first MMA warpgroup
 
-        scheduler = utils.StaticPersistentTileScheduler.create(params, cute.arch.block_idx(), cute.arch.grid_dim())
-        work = scheduler.initial_work_tile_info()
+        cm_tiles, cn_tiles, total = schedule
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
-        while work.is_valid_tile:
-            m, n, l = work.tile_idx
+        tiles_done = Int32(0)
+        t = cute.arch.block_idx()[2]
+        while t < total:
+            m, n, l = tile_coords(t, cm_tiles, cn_tiles, cfg.swizzle, self.cluster_mn,
+                                  cluster_coord[0], cluster_coord[1])
             read.reset_count()
             release.reset_count()
             acc.fill(0.0)
@@ -309,9 +323,9 @@ class GemmSm90:
                 release.advance()
             self.epilogue(acc, tRS_acc, tRS_coords, tRS_rD, tRS_rOut, tRS_sD, sD, gD, mD, tma_d,
                           tiled_store, store_pipe, mC, mBias, mScaleA, mScaleB, alpha, beta,
-                          m, n, l, per_subtile, scheduler.num_tiles_executed, warp, store_warp)
-            scheduler.advance_to_next_work()
-            work = scheduler.get_current_work()
+                          m, n, l, per_subtile, tiles_done, warp, store_warp)
+            tiles_done += 1
+            t += cute.arch.grid_dim()[2]
         store_pipe.producer_tail()
 
     @cute.jit
@@ -363,7 +377,7 @@ class GemmSm90:
             if const_expr(epi.col_scale):
                 x = x * _load_or(mScaleB, (col,), col < cols, 0.0)
             if const_expr(epi.residual):
-                x = x + beta * _load_or(mC, (l, row, col), row < rows and col < cols, 0.0)
+                x = x + beta * _load_or(mC, (row, col, l), row < rows and col < cols, 0.0)
             if const_expr(epi.bias):
                 x = x + _load_or(mBias, (col,), col < cols, 0.0)
             frag[v] = x

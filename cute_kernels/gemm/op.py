@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import os
-
 import torch
 
 from ..runtime import (
@@ -39,21 +36,36 @@ def _major(t: torch.Tensor) -> str | None:
 
 
 def _tma_ready(t: torch.Tensor) -> bool:
-    """TMA needs 16-byte-aligned data and 16-byte multiples for every stride but the unit one."""
+    """TMA needs 16-byte-aligned data and 16-byte multiples for every stride but the unit one.
+
+    Alignment is judged from the storage offset (torch's allocators align storages to far more
+    than 16 bytes) and not at all while torch.compile traces; ``gemm_out`` checks the real
+    address before launching either way."""
     size = t.element_size()
-    if t.data_ptr() % 16:
+    if not torch.compiler.is_compiling() and (t.storage_offset() * size) % 16:
         return False
     return all(s == 1 or (s * size) % 16 == 0 or d == 1 for s, d in zip(t.stride(), t.shape))
 
 
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when its address is 16-byte aligned, else a copy with the same strides in
+    fresh (aligned) memory. Only storages from foreign allocators ever take the copy."""
+    if t.data_ptr() % 16 == 0:
+        return t
+    copy = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+    copy.copy_(t)
+    return copy
+
+
 def _operand_spec(t: torch.Tensor) -> TensorSpec:
-    """(L, rows, cols) spec with the unit stride static, the others dynamic 16-byte multiples."""
+    """([L,] rows, cols) spec with the unit stride static, the others dynamic 16-byte multiples."""
     div = 16 // t.element_size()
+    lead = (Sym(divisibility=div),) * (t.dim() - 2)
     if _major(t) == "row":
-        stride = (Sym(divisibility=div), Sym(divisibility=div), 1)
+        stride = (*lead, Sym(divisibility=div), 1)
     else:
-        stride = (Sym(divisibility=div), 1, Sym(divisibility=div))
-    return TensorSpec(dtype_name(t.dtype), (Sym(), Sym(), Sym()), stride, 16)
+        stride = (*lead, 1, Sym(divisibility=div))
+    return TensorSpec(dtype_name(t.dtype), (Sym(),) * t.dim(), stride, 16)
 
 
 def _free_spec(t) -> TensorSpec | None:
@@ -62,13 +74,6 @@ def _free_spec(t) -> TensorSpec | None:
         return None
     return TensorSpec(dtype_name(t.dtype), tuple(Sym() for _ in t.shape),
                       tuple(Sym() for _ in t.shape), t.element_size())
-
-
-def _as_batched(t: torch.Tensor) -> torch.Tensor:
-    """(rows, cols) -> (1, rows, cols) with a batch stride that satisfies TMA (0 works)."""
-    if t.dim() == 3:
-        return t
-    return t.as_strided((1, *t.shape), (0, *t.stride()))
 
 
 def _padded_row_major(t: torch.Tensor, cols_multiple: int) -> torch.Tensor:
@@ -87,23 +92,35 @@ def _padded_row_major(t: torch.Tensor, cols_multiple: int) -> torch.Tensor:
     "Tensor? scale_b, float alpha, float beta, str? activation) -> ()",
 )
 def gemm_out(a, b, d, c, bias, scale_a, scale_b, alpha: float, beta: float, activation) -> None:
-    """d[L, M, N] = epilogue(a[L, M, K] @ b[L, K, N]); operands already TMA-compatible."""
-    l, m, k = a.shape
-    n = b.shape[2]
-    key = (a.dtype, b.dtype, d.dtype, _major(a), _major(b), m, n, k, l, c is not None,
-           None if bias is None else bias.dtype, scale_a is not None, scale_b is not None, activation)
+    """d[L, M, N] = epilogue(a[L, M, K] @ b[L, K, N]) (or without L); operands TMA-compatible."""
+    a, b = _aligned(a), _aligned(b)
+    if d.data_ptr() % 16:
+        staged = _aligned(d)
+        gemm_out(a, b, staged, c, bias, scale_a, scale_b, alpha, beta, activation)
+        d.copy_(staged)
+        return
+    _kernel_for(a, b, d, c, bias, scale_a, scale_b, activation)(
+        a, b, d, c, bias, scale_a, scale_b, alpha, beta)
+
+
+def _kernel_for(a, b, d, c, bias, scale_a, scale_b, activation):
+    """The compiled kernel for these operands (configuration from ``choose_config``)."""
+    m, k = a.shape[-2:]
+    n = b.shape[-1]
+    batch = a.shape[0] if a.dim() == 3 else 1
+    key = (a.dim(), a.dtype, b.dtype, d.dtype, _major(a), _major(b), m, n, k, batch,
+           None if c is None else (c.dtype, c.dim()), None if bias is None else bias.dtype,
+           scale_a is not None, scale_b is not None, activation)
     fn = _kernels.get(key)
     if fn is None:
         epilogue = Epilogue(bias is not None, c is not None, activation, scale_a is not None,
                             scale_b is not None)
-        config = choose_config(m, n, k, l, a.element_size(), sm_count(a.device.index or 0), epilogue)
-        if a.element_size() == 1 and config.tile_n > 128:
-            config = dataclasses.replace(config, tile_n=128)  # two fp32 accumulators must fit
+        config = choose_config(m, n, k, batch, a.element_size(), sm_count(a.device.index or 0), epilogue)
         specs = (_operand_spec(a), _operand_spec(b), _operand_spec(d), _free_spec(c),
                  _free_spec(bias), _free_spec(scale_a), _free_spec(scale_b),
                  ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
         fn = _kernels[key] = get_kernel(GemmSm90, config, specs)
-    fn(a, b, d, c, bias, scale_a, scale_b, alpha, beta)
+    return fn
 
 
 _kernels: dict = {}
@@ -127,7 +144,7 @@ def _check_operands(a, b, allowed, what):
 def _prepare(a, b, k_multiple):
     """Batched, TMA-ready views of a and b; a zero-padded copy where the layout does not allow
     TMA (a non-unit stride that is not a 16-byte multiple, or no unit stride at all)."""
-    a3, b3 = _as_batched(a), _as_batched(b)
+    a3, b3 = a, b
     if _major(a3) is None or not _tma_ready(a3) or (_major(a3) == "col" and a.element_size() == 1):
         a3 = _padded_row_major(a3, k_multiple)
     if _major(b3) is None or not _tma_ready(b3) or (_major(b3) == "row" and b.element_size() == 1):
@@ -141,47 +158,31 @@ def _prepare(a, b, k_multiple):
     return a3, b3
 
 
-EXPERIMENTAL_ENV = "CUTE_KERNELS_EXPERIMENTAL_GEMM"
-
-
-def _check_enabled():
-    if os.environ.get(EXPERIMENTAL_ENV) != "1":
-        raise UnsupportedError(
-            "the GEMM kernel has not passed its GPU validation yet (some configurations hang; see "
-            f"benchmarks/NOTES.md); set {EXPERIMENTAL_ENV}=1 to run it anyway"
-        )
-
-
 def _run(a, b, out_dtype, bias, alpha, beta, c, activation, out, scale_a=None, scale_b=None):
-    _check_enabled()
-    l_dims = a.dim() == 3
     m, n = a.shape[-2], b.shape[-1]
-    batch = a.shape[0] if l_dims else 1
-    shape = (batch, m, n) if l_dims else (m, n)
+    shape = (*a.shape[:-2], m, n)
     if out is not None:
         if tuple(out.shape) != shape or out.dtype != out_dtype or out.device != a.device:
             raise UnsupportedError(f"out must be {shape} {out_dtype} on {a.device}, got {describe(out)}")
-        d3 = _as_batched(out)
-        if _major(d3) != "row" or not _tma_ready(d3):
+        if _major(out) != "row" or not _tma_ready(out):
             raise UnsupportedError("out must be row-major with 16-byte-aligned rows")
+        d = out
     else:
-        size = torch.empty((), dtype=out_dtype).element_size()
+        size = out_dtype.itemsize
         n_pad = -(-n * size // 16) * 16 // size  # rows padded to 16 bytes for the TMA store
-        d3 = torch.empty((batch, m, n_pad), dtype=out_dtype, device=a.device)[..., :n]
-    result = d3
-    if batch and m and n:
+        d = torch.empty((*shape[:-1], n_pad), dtype=out_dtype, device=a.device)
+        d = d[..., :n] if n_pad != n else d
+    if d.numel():
         if a.shape[-1] == 0:  # K = 0: only the epilogue remains
-            z = torch.zeros(d3.shape, dtype=torch.float32, device=a.device)
+            z = torch.zeros(shape, dtype=torch.float32, device=a.device)
             z = z + beta * torch.broadcast_to(c, shape).float() if c is not None else z
             z = z + bias.float() if bias is not None else z
-            d3.copy_(_activation_torch(z, activation))
+            d.copy_(_activation_torch(z, activation))
         else:
-            a3, b3 = _prepare(a, b, 16 // a.element_size())
-            c3 = None if c is None else _as_batched(torch.broadcast_to(c, shape))
-            gemm_out(a3, b3, d3, c3, bias, scale_a, scale_b, float(alpha), float(beta), activation)
-    if out is not None:
-        return out
-    return result if l_dims else result[0]
+            a2, b2 = _prepare(a, b, 16 // a.element_size())
+            c2 = None if c is None else torch.broadcast_to(c, shape)
+            gemm_out(a2, b2, d, c2, bias, scale_a, scale_b, float(alpha), float(beta), activation)
+    return d
 
 
 def _activation_torch(z, name):
@@ -249,14 +250,31 @@ def gemm(a, b, *, bias=None, alpha: float = 1.0, beta: float = 0.0, c=None, acti
     Differentiable in a, b, bias and c (the backward runs on the same kernel; with an activation
     the pre-activation is recomputed).
 
+    Repeated eager calls with the same shapes, strides and options take a cached launch plan
+    (checked once, on the first call), so small products cost little host time.
+
     Constraints:
-      - not yet validated on the GPU: runs only with CUTE_KERNELS_EXPERIMENTAL_GEMM=1 (see
-        benchmarks/NOTES.md); otherwise raises UnsupportedError before launching
       - fp32 accumulation; any M, N, K >= 1 (tails through TMA bounds)
       - a layout TMA cannot read (a stride that is not a multiple of 16 bytes, or no unit stride)
         costs one zero-padded copy of that operand; an output whose rows are not 16-byte
         multiples is allocated with padded rows and returned as a view
     """
+    if c is None and out is None and not torch.compiler.is_compiling():
+        key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device, out_dtype,
+               activation, None if bias is None else (bias.shape, bias.dtype, bias.device))
+        plan = _plans.get(key)
+        if plan is not None and not (torch.is_grad_enabled() and (
+                a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad))):
+            fn, alloc, dtype, n = plan
+            d = torch.empty(alloc, dtype=dtype, device=a.device)
+            d = d[..., :n] if alloc[-1] != n else d
+            try:
+                fn(a, b, d, None, bias, None, None, float(alpha), float(beta))
+                return d
+            except ValueError:  # a misaligned data pointer: the general path copies
+                pass
+    else:
+        key = None
     _check_operands(a, b, INPUT_DTYPES, "gemm")
     out_dtype = out_dtype or (out.dtype if out is not None else a.dtype)
     if out_dtype not in OUT_DTYPES:
@@ -280,7 +298,17 @@ def gemm(a, b, *, bias=None, alpha: float = 1.0, beta: float = 0.0, c=None, acti
         t is not None and t.requires_grad for t in (a, b, bias, c))
     if needs_grad and out is None:
         return _Gemm.apply(a, b, bias, c, float(alpha), float(beta), activation, out_dtype)
-    return _run(a, b, out_dtype, bias, alpha, beta, c, activation, out)
+    d = _run(a, b, out_dtype, bias, alpha, beta, c, activation, out)
+    if key is not None and d.numel() and a.shape[-1]:
+        ready_a, ready_b = _prepare(a, b, 16 // a.element_size())
+        if ready_a is a and ready_b is b:  # TMA reads the operands as they are: no copies to plan
+            n = d.shape[-1]
+            alloc = (*d.shape[:-1], -(-n * out_dtype.itemsize // 16) * 16 // out_dtype.itemsize)
+            _plans[key] = (_kernel_for(a, b, d, None, bias, None, None, activation), alloc, out_dtype, n)
+    return d
+
+
+_plans: dict = {}  # eager launch plans of plain gemm calls (see ``gemm``)
 
 
 def gemm_fp8(a, b, scale_a, scale_b, *, out_dtype=torch.bfloat16, bias=None):
@@ -312,12 +340,15 @@ def gemm_fp8(a, b, scale_a, scale_b, *, out_dtype=torch.bfloat16, bias=None):
 def compile_configurations(quick: bool = False):
     """(kernel, config, specs) for every configuration ``choose_config`` can return (tile
     shapes, clusters), both operand layouts, every epilogue option and fp8."""
-    bf16 = lambda major: TensorSpec("bfloat16", (Sym(),) * 3,  # noqa: E731
-                                    (Sym(divisibility=8), Sym(divisibility=8), 1) if major == "row"
-                                    else (Sym(divisibility=8), 1, Sym(divisibility=8)), 16)
-    fp8_row = TensorSpec("float8_e4m3fn", (Sym(),) * 3, (Sym(divisibility=16), Sym(divisibility=16), 1), 16)
-    fp8_col = TensorSpec("float8_e4m3fn", (Sym(),) * 3, (Sym(divisibility=16), 1, Sym(divisibility=16)), 16)
-    out = TensorSpec("bfloat16", (Sym(),) * 3, (Sym(divisibility=8), Sym(divisibility=8), 1), 16)
+    def operand(dtype, major, dims=2):
+        div = 16 // (1 if dtype.startswith("float8") else 2)
+        lead = (Sym(divisibility=div),) * (dims - 2)
+        stride = (Sym(divisibility=div), 1) if major == "row" else (1, Sym(divisibility=div))
+        return TensorSpec(dtype, (Sym(),) * dims, (*lead, *stride), 16)
+
+    bf16 = lambda major: operand("bfloat16", major)  # noqa: E731
+    fp8_row, fp8_col = operand("float8_e4m3fn", "row"), operand("float8_e4m3fn", "col")
+    out = operand("bfloat16", "row")
     free = lambda dims: TensorSpec("bfloat16", (Sym(),) * dims, (Sym(),) * dims, 2)  # noqa: E731
     f32 = TensorSpec("float32", (Sym(),), (Sym(),), 4)
     scalars = (ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
@@ -325,29 +356,29 @@ def compile_configurations(quick: bool = False):
     found = []
     for tm, tn, cm in tiles[:2] if quick else tiles:
         for a_major, b_major in (("row", "row"),) if quick else (("row", "row"), ("col", "row"), ("row", "col"), ("col", "col")):
-            cfg = GemmConfig(tm, tn, cm)
+            cfg = GemmConfig(tm, tn, cm, max_clusters=132 // cm)
             found.append((GemmSm90, cfg, (bf16(a_major), bf16(b_major), out, None, None, None, None) + scalars))
     for epi in (Epilogue(bias=True, activation="gelu_tanh"), Epilogue(residual=True, activation="relu"),
                 Epilogue(bias=True, residual=True, activation="silu")):
-        cfg = GemmConfig(128, 256, epilogue=epi)
-        found.append((GemmSm90, cfg, (bf16("row"), bf16("row"), out, free(3) if epi.residual else None,
+        cfg = GemmConfig(128, 256, max_clusters=132, epilogue=epi)
+        found.append((GemmSm90, cfg, (bf16("row"), bf16("row"), out, free(2) if epi.residual else None,
                                       free(1) if epi.bias else None, None, None) + scalars))
     for tm, cm in ((128, 1), (128, 2), (64, 1)):
-        cfg = GemmConfig(tm, 128, cm, epilogue=Epilogue(row_scale=True, col_scale=True), fp8_promote_every=4)
+        cfg = GemmConfig(tm, 128, cm, max_clusters=132 // cm, epilogue=Epilogue(row_scale=True, col_scale=True),
+                         fp8_promote_every=4)
         found.append((GemmSm90, cfg, (fp8_row, fp8_col, out, None, None, f32, f32) + scalars))
-    # The persistent grid (several tiles per CTA), compiled though not launched by default.
-    found.append((GemmSm90, GemmConfig(128, 256, max_clusters=132), (bf16("row"), bf16("row"), out, None, None, None, None) + scalars))
+    # Batched (L, M, K) operands, and one cluster per tile (the grid when max_clusters is not capped).
+    batched = (operand("bfloat16", "row", 3), operand("bfloat16", "col", 3), operand("bfloat16", "row", 3))
+    found.append((GemmSm90, GemmConfig(128, 256, 2, max_clusters=66), batched + (None, None, None, None) + scalars))
+    found.append((GemmSm90, GemmConfig(128, 256), (bf16("row"), bf16("row"), out, None, None, None, None) + scalars))
     return found
 
 
 def self_checks():
-    """Rows of the ``python -m cute_kernels`` table for GEMM (only when enabled, see
-    ``EXPERIMENTAL_ENV``)."""
+    """Rows of the ``python -m cute_kernels`` table for GEMM."""
     from ..runtime.selfcheck import SelfCheck
 
     checks = []
-    if os.environ.get(EXPERIMENTAL_ENV) != "1":
-        return checks
     for m, n, k in ((4096, 4096, 4096), (1000, 1000, 1000)):
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
