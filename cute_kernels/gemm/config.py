@@ -36,6 +36,8 @@ class GemmConfig:
     epilogue: Epilogue = Epilogue()
     fp8_promote_every: int = 0  # fp8: fold the MMA accumulator into fp32 every this many k-tiles
     warpgroups: int = 0  # MMA warpgroups: 0 = one per 64 rows of the tile
+    epi_n: int = 32  # output columns per epilogue sub-tile (one TMA store each)
+    epi_stages: int = 4  # shared-memory buffers of epilogue sub-tiles (stores in flight)
 
     @property
     def mma_warpgroups(self) -> int:

@@ -41,7 +41,6 @@ from .config import GemmConfig
 from .scheduler import cluster_tile_counts, tile_coords
 
 SMEM_CAPACITY = 232448
-EPILOGUE_STAGES = 4
 PRODUCER_REGISTERS = 40
 MMA_REGISTERS = 232
 
@@ -83,9 +82,9 @@ class GemmSm90:
         self.tile_mnk = (cfg.tile_m, cfg.tile_n, mma_k * 4)
         self.cta_layout_mnk = cute.make_layout((*self.cluster_mn, 1))
         self.mcast_a, self.mcast_b = cfg.cluster_n, cfg.cluster_m
-        self.epi_tile = (min(128 if self.num_mma_wg == 2 else 64, cfg.tile_m), min(32, cfg.tile_n))
+        self.epi_tile = (min(128 if self.num_mma_wg == 2 else 64, cfg.tile_m), min(cfg.epi_n, cfg.tile_n))
         ab_bytes = (cfg.tile_m + cfg.tile_n) * self.tile_mnk[2] * self.a_dtype.width // 8
-        epi_bytes = self.epi_tile[0] * self.epi_tile[1] * self.d_dtype.width // 8 * EPILOGUE_STAGES
+        epi_bytes = self.epi_tile[0] * self.epi_tile[1] * self.d_dtype.width // 8 * self.config.epi_stages
         self.ab_stages = (SMEM_CAPACITY - 1024 - epi_bytes) // ab_bytes
         self.a_smem_staged = self._smem_layout(self.a_layout, self.a_dtype, (cfg.tile_m, self.tile_mnk[2]))
         self.b_smem_staged = self._smem_layout(self.b_layout, self.b_dtype, (cfg.tile_n, self.tile_mnk[2]))
@@ -94,7 +93,7 @@ class GemmSm90:
             sm90_utils.get_smem_layout_atom(self.d_layout, self.d_dtype, d_major), self.d_dtype
         )
         self.epi_smem_staged = cute.tile_to_shape(
-            d_atom, cute.append(self.epi_tile, EPILOGUE_STAGES),
+            d_atom, cute.append(self.epi_tile, self.config.epi_stages),
             order=(1, 0, 2) if self.d_layout.is_m_major_c() else (0, 1, 2),
         )
 
@@ -275,7 +274,7 @@ class GemmSm90:
         tRS_rOut = cute.make_rmem_tensor(frag_shape, self.d_dtype)
         per_subtile = cute.size(tRS_rD)
         store_pipe = pipeline.PipelineTmaStore.create(
-            num_stages=EPILOGUE_STAGES,
+            num_stages=self.config.epi_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads),
         )
         store_warp = 4  # first warp of the first MMA warpgroup
@@ -352,7 +351,7 @@ class GemmSm90:
             else:
                 x = tRS_rD.load() * alpha
             tRS_rOut.store(_activation(x, epi.activation).to(self.d_dtype))
-            buffer = (tiles_done * subtiles + s) % EPILOGUE_STAGES
+            buffer = (tiles_done * subtiles + s) % self.config.epi_stages
             cute.copy(tiled_store, tRS_rOut, tRS_sD[(None, None, None, buffer)])
             cute.arch.fence_proxy("async.shared", space="cta")
             self.epilogue_barrier.arrive_and_wait()
