@@ -48,6 +48,36 @@ def test_heuristic_fills_the_machine():
     assert choose_config(4096, 4096, 4096, 1, 1, 132).tile_n == 128  # fp8: two accumulators
 
 
+def test_tuning_candidates():
+    from cute_kernels.gemm.tuning import candidates
+
+    base = choose_config(4096, 4096, 4096, 1, 2, 132)
+    found = candidates(base, 4096, 132)
+    assert found[0] == base and len(set(found)) == len(found) == 4
+    assert all(c.max_clusters * c.cluster_m <= 132 for c in found)
+    fp8 = choose_config(4096, 4096, 4096, 1, 1, 132)
+    assert all(c.tile_n == 128 for c in candidates(fp8, 4096, 132))
+    assert all(c.tile_m == 64 for c in candidates(choose_config(64, 512, 512, 1, 2, 132), 64, 132))
+
+
+@gpu
+def test_tuned_choice_is_correct_and_persists(tmp_path, monkeypatch):
+    from cute_kernels.gemm import op, tuning
+
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tuning, "_memory", {})
+    a = torch.randn(1536, 520, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(520, 2048, device="cuda", dtype=torch.bfloat16)
+    check(ck.gemm(a, b, tuned=True), a, b)
+    stored = list(tmp_path.rglob("gemm_tuning.json"))
+    assert len(stored) == 1 and len(tuning._memory) == 1
+    tuning._memory.clear()
+    op._kernels.clear()
+    op._plans.clear()
+    check(ck.gemm(a, b, tuned=True), a, b)  # read back from disk, no re-timing needed
+    assert len(tuning._memory) == 1
+
+
 def test_cpu_tensor_is_refused():
     with pytest.raises(ck.DeviceError):
         ck.gemm(torch.randn(4, 4, dtype=torch.bfloat16), torch.randn(4, 4, dtype=torch.bfloat16))

@@ -14,11 +14,12 @@ from ..runtime import (
     get_kernel,
     kernel_op,
 )
-from ..runtime.arch import sm_count
+from ..runtime.arch import sm_count, target_arch
 from ..runtime.dtypes import dtype_name
 from ..runtime.errors import check_tensor, describe
 from .config import ACTIVATIONS, Epilogue, GemmConfig, choose_config
 from .kernel_sm90 import GemmSm90
+from .tuning import tuned_config
 
 INPUT_DTYPES = (torch.bfloat16, torch.float16)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
@@ -89,36 +90,45 @@ def _padded_row_major(t: torch.Tensor, cols_multiple: int) -> torch.Tensor:
     "gemm",
     mutates_args=("d",),
     schema="(Tensor a, Tensor b, Tensor(a!) d, Tensor? c, Tensor? bias, Tensor? scale_a, "
-    "Tensor? scale_b, float alpha, float beta, str? activation) -> ()",
+    "Tensor? scale_b, float alpha, float beta, str? activation, bool tuned) -> ()",
 )
-def gemm_out(a, b, d, c, bias, scale_a, scale_b, alpha: float, beta: float, activation) -> None:
+def gemm_out(a, b, d, c, bias, scale_a, scale_b, alpha: float, beta: float, activation,
+             tuned: bool) -> None:
     """d[L, M, N] = epilogue(a[L, M, K] @ b[L, K, N]) (or without L); operands TMA-compatible."""
     a, b = _aligned(a), _aligned(b)
     if d.data_ptr() % 16:
         staged = _aligned(d)
-        gemm_out(a, b, staged, c, bias, scale_a, scale_b, alpha, beta, activation)
+        gemm_out(a, b, staged, c, bias, scale_a, scale_b, alpha, beta, activation, tuned)
         d.copy_(staged)
         return
-    _kernel_for(a, b, d, c, bias, scale_a, scale_b, activation)(
+    _kernel_for(a, b, d, c, bias, scale_a, scale_b, activation, tuned)(
         a, b, d, c, bias, scale_a, scale_b, alpha, beta)
 
 
-def _kernel_for(a, b, d, c, bias, scale_a, scale_b, activation):
-    """The compiled kernel for these operands (configuration from ``choose_config``)."""
+def _kernel_for(a, b, d, c, bias, scale_a, scale_b, activation, tuned=False):
+    """The compiled kernel for these operands: configuration from ``choose_config``, or with
+    ``tuned`` the fastest of a few timed on these operands (``tuning.py``)."""
     m, k = a.shape[-2:]
     n = b.shape[-1]
     batch = a.shape[0] if a.dim() == 3 else 1
     key = (a.dim(), a.dtype, b.dtype, d.dtype, _major(a), _major(b), m, n, k, batch,
            None if c is None else (c.dtype, c.dim()), None if bias is None else bias.dtype,
-           scale_a is not None, scale_b is not None, activation)
+           scale_a is not None, scale_b is not None, activation, tuned)
     fn = _kernels.get(key)
     if fn is None:
         epilogue = Epilogue(bias is not None, c is not None, activation, scale_a is not None,
                             scale_b is not None)
-        config = choose_config(m, n, k, batch, a.element_size(), sm_count(a.device.index or 0), epilogue)
+        sms = sm_count(a.device.index or 0)
+        config = choose_config(m, n, k, batch, a.element_size(), sms, epilogue)
         specs = (_operand_spec(a), _operand_spec(b), _operand_spec(d), _free_spec(c),
                  _free_spec(bias), _free_spec(scale_a), _free_spec(scale_b),
                  ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
+        if tuned:
+            scratch = torch.empty_like(d)  # timed launches never touch the caller's output
+            config = tuned_config(
+                repr((target_arch(), key[:-1])), config, m, sms,
+                lambda cfg: get_kernel(GemmSm90, cfg, specs),
+                lambda fn: fn(a, b, scratch, c, bias, scale_a, scale_b, 1.0, 0.0))
         fn = _kernels[key] = get_kernel(GemmSm90, config, specs)
     return fn
 
@@ -158,7 +168,8 @@ def _prepare(a, b, k_multiple):
     return a3, b3
 
 
-def _run(a, b, out_dtype, bias, alpha, beta, c, activation, out, scale_a=None, scale_b=None):
+def _run(a, b, out_dtype, bias, alpha, beta, c, activation, out, scale_a=None, scale_b=None,
+         tuned=False):
     m, n = a.shape[-2], b.shape[-1]
     shape = (*a.shape[:-2], m, n)
     if out is not None:
@@ -181,7 +192,8 @@ def _run(a, b, out_dtype, bias, alpha, beta, c, activation, out, scale_a=None, s
         else:
             a2, b2 = _prepare(a, b, 16 // a.element_size())
             c2 = None if c is None else torch.broadcast_to(c, shape)
-            gemm_out(a2, b2, d, c2, bias, scale_a, scale_b, float(alpha), float(beta), activation)
+            gemm_out(a2, b2, d, c2, bias, scale_a, scale_b, float(alpha), float(beta), activation,
+                     tuned)
     return d
 
 
@@ -210,33 +222,33 @@ def _activation_grad(z, name):
 
 class _Gemm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, a, b, bias, c, alpha, beta, activation, out_dtype):
+    def forward(ctx, a, b, bias, c, alpha, beta, activation, out_dtype, tuned):
         ctx.save_for_backward(a, b, bias, c)
-        ctx.args = (alpha, beta, activation, out_dtype)
-        return _run(a, b, out_dtype, bias, alpha, beta, c, activation, None)
+        ctx.args = (alpha, beta, activation, out_dtype, tuned)
+        return _run(a, b, out_dtype, bias, alpha, beta, c, activation, None, tuned=tuned)
 
     @staticmethod
     def backward(ctx, grad):
         a, b, bias, c = ctx.saved_tensors
-        alpha, beta, activation, out_dtype = ctx.args
+        alpha, beta, activation, out_dtype, tuned = ctx.args
         if activation is not None:  # recompute the pre-activation, then chain through it
-            z = _run(a, b, torch.float32, bias, alpha, beta, c, None, None)
+            z = _run(a, b, torch.float32, bias, alpha, beta, c, None, None, tuned=tuned)
             grad = (grad.float() * _activation_grad(z, activation))
         grad_ab = grad.to(a.dtype)
         da = db = dbias = dc = None
         if ctx.needs_input_grad[0]:
-            da = _run(grad_ab, b.transpose(-1, -2), a.dtype, None, alpha, 0.0, None, None, None)
+            da = _run(grad_ab, b.transpose(-1, -2), a.dtype, None, alpha, 0.0, None, None, None, tuned=tuned)
         if ctx.needs_input_grad[1]:
-            db = _run(a.transpose(-1, -2), grad_ab, b.dtype, None, alpha, 0.0, None, None, None)
+            db = _run(a.transpose(-1, -2), grad_ab, b.dtype, None, alpha, 0.0, None, None, None, tuned=tuned)
         if bias is not None and ctx.needs_input_grad[2]:
             dbias = grad.float().sum(dim=tuple(range(grad.dim() - 1))).to(bias.dtype)
         if c is not None and ctx.needs_input_grad[3]:
             dc = (grad.float() * beta).sum_to_size(c.shape).to(c.dtype)
-        return da, db, dbias, dc, None, None, None, None
+        return da, db, dbias, dc, None, None, None, None, None
 
 
 def gemm(a, b, *, bias=None, alpha: float = 1.0, beta: float = 0.0, c=None, activation=None,
-         out_dtype=None, out=None):
+         out_dtype=None, out=None, tuned: bool = False):
     """``activation(alpha * a @ b + beta * c + bias)`` on Hopper tensor cores.
 
     Args:
@@ -246,6 +258,9 @@ def gemm(a, b, *, bias=None, alpha: float = 1.0, beta: float = 0.0, c=None, acti
         alpha, beta: scalars; ``beta`` multiplies ``c`` (broadcastable to the output, any layout).
         activation: None, "relu", "gelu_tanh" or "silu", applied last.
         out_dtype: bf16 / fp16 / fp32 (default a's dtype). out: optional preallocated output.
+        tuned: time a few tile / cluster configurations on these operands the first time this
+            problem (shapes, layouts, dtypes, options) is seen and keep the fastest; the choice
+            persists on disk (``gemm/tuning.py``). Default: the heuristic (``choose_config``).
 
     Differentiable in a, b, bias and c (the backward runs on the same kernel; with an activation
     the pre-activation is recomputed).
@@ -261,7 +276,7 @@ def gemm(a, b, *, bias=None, alpha: float = 1.0, beta: float = 0.0, c=None, acti
     """
     if c is None and out is None and not torch.compiler.is_compiling():
         key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device, out_dtype,
-               activation, None if bias is None else (bias.shape, bias.dtype, bias.device))
+               activation, tuned, None if bias is None else (bias.shape, bias.dtype, bias.device))
         plan = _plans.get(key)
         if plan is not None and not (torch.is_grad_enabled() and (
                 a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad))):
@@ -297,26 +312,27 @@ def gemm(a, b, *, bias=None, alpha: float = 1.0, beta: float = 0.0, c=None, acti
     needs_grad = torch.is_grad_enabled() and any(
         t is not None and t.requires_grad for t in (a, b, bias, c))
     if needs_grad and out is None:
-        return _Gemm.apply(a, b, bias, c, float(alpha), float(beta), activation, out_dtype)
-    d = _run(a, b, out_dtype, bias, alpha, beta, c, activation, out)
+        return _Gemm.apply(a, b, bias, c, float(alpha), float(beta), activation, out_dtype, tuned)
+    d = _run(a, b, out_dtype, bias, alpha, beta, c, activation, out, tuned=tuned)
     if key is not None and d.numel() and a.shape[-1]:
         ready_a, ready_b = _prepare(a, b, 16 // a.element_size())
         if ready_a is a and ready_b is b:  # TMA reads the operands as they are: no copies to plan
             n = d.shape[-1]
             alloc = (*d.shape[:-1], -(-n * out_dtype.itemsize // 16) * 16 // out_dtype.itemsize)
-            _plans[key] = (_kernel_for(a, b, d, None, bias, None, None, activation), alloc, out_dtype, n)
+            _plans[key] = (_kernel_for(a, b, d, None, bias, None, None, activation, tuned), alloc, out_dtype, n)
     return d
 
 
 _plans: dict = {}  # eager launch plans of plain gemm calls (see ``gemm``)
 
 
-def gemm_fp8(a, b, scale_a, scale_b, *, out_dtype=torch.bfloat16, bias=None):
+def gemm_fp8(a, b, scale_a, scale_b, *, out_dtype=torch.bfloat16, bias=None, tuned: bool = False):
     """``(a @ b) * scale_a * scale_b (+ bias)`` with fp8 (e4m3 / e5m2) operands.
 
     ``scale_a``: fp32 scalar tensor (per tensor) or (M,) (per row of a); ``scale_b``: scalar or
     (N,) (per column of b). Accumulation keeps fp32 accuracy: the tensor-core accumulator is
-    folded into a second fp32 accumulator every 4 k-tiles (512 values of K).
+    folded into a second fp32 accumulator every 4 k-tiles (512 values of K). ``tuned`` as in
+    ``gemm``.
 
     Constraints:
       - a K-major (row-major (M, K)) and b K-major (column-major (K, N), i.e. ``w.t()`` of a
@@ -334,7 +350,7 @@ def gemm_fp8(a, b, scale_a, scale_b, *, out_dtype=torch.bfloat16, bias=None):
         if s.numel() not in (1, size) or s.dim() > 1:
             raise UnsupportedError(f"{name} must be a scalar or ({size},), got shape {tuple(s.shape)}")
         scales.append(s.reshape(-1).expand(size))
-    return _run(a, b, out_dtype, bias, 1.0, 0.0, None, None, None, scales[0], scales[1])
+    return _run(a, b, out_dtype, bias, 1.0, 0.0, None, None, None, scales[0], scales[1], tuned=tuned)
 
 
 def compile_configurations(quick: bool = False):
