@@ -32,9 +32,9 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int64, const_expr
+from cutlass import Boolean, Float32, Int64, const_expr
 
-from ..primitives.reduce import LOG2_E, cross_warp_combine, maximum, shuffle_combine
+from ..primitives.reduce import LOG2_E, add, cross_warp_combine, maximum, shuffle_combine
 from ..primitives.reduce import softmax_pair
 from .config import RowConfig
 from .rows import (
@@ -58,25 +58,9 @@ class CrossEntropyConfig:
     write_grad: bool = False  # forward also writes the gradient
 
 
-def _softmax_sums(a: tuple, b: tuple) -> tuple:
-    """Merge (max, sum exp, plain sums...) partials: softmax pair on the first two, add on the
-    rest."""
-    return softmax_pair(a[:2], b[:2]) + tuple(x + y for x, y in zip(a[2:], b[2:]))
-
-
-def _sums(a: tuple, b: tuple) -> tuple:
-    return tuple(x + y for x, y in zip(a, b))
-
-
-@cute.jit
-def _target_value(tXrX: cute.Tensor, coords: cute.Tensor, target: Int64) -> Float32:
-    """x[target] if this thread's slice holds that column, else 0: picked from the registers
-    with a compare per value, so no dependent global load sits before the row's loads."""
-    column = cutlass.Int32(target)
-    value = Float32(0.0)
-    for i in cutlass.range_constexpr(cute.size(tXrX)):
-        value = value + cutlass.select_(coords[i][1] == column, tXrX[i].to(Float32), Float32(0.0))
-    return value
+def _softmax_sum(a: tuple, b: tuple) -> tuple:
+    """Merge (max, sum exp, sum x) partials: softmax pair on the first two, add on the third."""
+    return softmax_pair(a[:2], b[:2]) + (a[2] + b[2],)
 
 
 @cute.jit
@@ -85,6 +69,14 @@ def _load_target(mTarget: cute.Tensor, row, m_rows, ignore_index: Int64) -> Int6
     if row < m_rows:
         target = Int64(mTarget[row])
     return target
+
+
+@cute.jit
+def _load_logit(mX: cute.Tensor, row, target: Int64, in_range: Boolean) -> Float32:
+    value = Float32(0.0)
+    if row < mX.shape[0] and in_range:
+        value = mX[row, target].to(Float32)
+    return value
 
 
 @cute.jit
@@ -148,14 +140,15 @@ class CrossEntropyFwdSm90(_CrossEntropyKernel):
                smoothing: Float32, z_scale: Float32):
         cfg, rows = self.config, self.rows
         smem = cutlass.memory.SmemAllocator()
-        width = 4 if const_expr(cfg.smoothing) else 3
+        width = 3 if const_expr(cfg.smoothing) else 2
         buffer, mbar_ptr = reduction_workspace(smem, rows, width, 1)
         tile = self._tile(cute.arch.block_idx()[0])
         coords = self._coords(mX, tile)
         pred = bounds_predicate(coords, mX.shape[0], rows)
-        # The target is loaded alongside the row; x[target] is then picked from the registers
-        # of the thread that holds it and summed into the row reduction (no dependent load).
+        # Measured: issuing the target's two dependent scalar loads before the row's loads is
+        # faster than after them (benchmarks/NOTES.md).
         row, target, counted, in_range = self._row_info(mX, mTarget, coords, ignore_index)
+        x_target = _load_logit(mX, row, target, in_range)
         tXgX = thread_fragment(mX, make_row_copy(mX.element_type, rows), rows, tile)
         tXrX = cute.make_rmem_tensor_like(tXgX)
         load_fragments(pred, (tXgX, tXrX, None, -mX.element_type.inf))
@@ -166,26 +159,24 @@ class CrossEntropyFwdSm90(_CrossEntropyKernel):
         # A slice of only -inf (padding or data) exponentiates against 0 so its sum is 0, not NaN.
         shift = cutlass.select_(warp_max == -Float32.inf, Float32(0.0), warp_max)
         e = cute.math.exp2(x * LOG2_E - shift * LOG2_E, fastmath=True)
-        sums = (e.reduce(cute.ReductionOp.ADD, Float32(0.0), 0), _target_value(tXrX, coords, target))
+        (warp_sum,) = shuffle_combine((e.reduce(cute.ReductionOp.ADD, Float32(0.0), 0),), add, group)
+        partial, identity, combine = (warp_max, warp_sum), (-Float32.inf, Float32(0.0)), softmax_pair
         if const_expr(cfg.smoothing):
             finite = cute.where(x == -Float32.inf, cute.full_like(x, 0.0), x)
-            sums = sums + (finite.reduce(cute.ReductionOp.ADD, Float32(0.0), 0),)
-        sums = shuffle_combine(sums, _sums, group)
-        partial = (warp_max,) + sums
+            (x_sum,) = shuffle_combine((finite.reduce(cute.ReductionOp.ADD, Float32(0.0), 0),), add, group)
+            partial, identity, combine = partial + (x_sum,), identity + (Float32(0.0),), _softmax_sum
         if const_expr(rows.threads_per_row > 32 or rows.cluster_n > 1):
-            identity = (-Float32.inf,) + (Float32(0.0),) * len(sums)
             partial = cross_warp_combine(
-                partial, _softmax_sums, identity, buffer[None, None, None, 0], mbar_ptr,
+                partial, combine, identity, buffer[None, None, None, 0], mbar_ptr,
                 max(rows.threads_per_row // 32, 1), rows.cluster_n,
                 cute.arch.cluster_wait if const_expr(rows.cluster_n > 1) else None,
             )
             lse = partial[0] + cute.math.log2(partial[1], fastmath=True) * LN_2
         else:
-            lse = shift + cute.math.log2(partial[1], fastmath=True) * LN_2
-        x_target = partial[2]
+            lse = shift + cute.math.log2(warp_sum, fastmath=True) * LN_2
         loss = lse - x_target
         if const_expr(cfg.smoothing):
-            loss = lse - (1.0 - smoothing) * x_target - smoothing * (1.0 / rows.n) * partial[3]
+            loss = lse - (1.0 - smoothing) * x_target - smoothing * (1.0 / rows.n) * partial[2]
         if const_expr(cfg.z_loss):
             loss = loss + z_scale * lse * lse
         if not in_range:
@@ -224,7 +215,7 @@ class CrossEntropyBwdSm90(_CrossEntropyKernel):
         load_fragments(pred, (tXgX, tXrX, None, mX.element_type(0)))
         row, target, counted, in_range = self._row_info(mX, mTarget, coords, ignore_index)
         lse, dloss = _load_row_pair(mLse, mdLoss, row, mX.shape[0])
-        x_target = _target_value(tXrX, coords, target)  # used only by the thread that holds it
+        x_target = _load_logit(mX, row, target, in_range)
         p = cute.math.exp2(tXrX.load().to(Float32) * LOG2_E - lse * LOG2_E, fastmath=True)
         self._gradient(mGrad, coords, pred, tile, p, lse, dloss, row, target,
                        counted, in_range, x_target, smoothing, z_scale)
