@@ -238,6 +238,30 @@ def chunk_rows(tokens: int, hidden: int, vocab: int, itemsize: int, free_bytes: 
     return max(1, min(tokens, max(64, chunk)))
 
 
+def _weight_grad_by_slices(h2, weight, bias, target, lse, scale, ignore_index, grad_w, budget):
+    """grad_w[v0:v1] = G[:, v0:v1]^T @ h for vocabulary slices of at most ``budget`` logits:
+    each slice's logits are recomputed (one GEMM), turned into their gradient in place from the
+    stored lse (the backward kernel, targets shifted into the slice), and multiplied by the
+    hidden states straight into the weight gradient: no read-modify-write of grad_w at all."""
+    from ..gemm.op import gemm
+
+    tokens, vocab = h2.shape[0], weight.shape[0]
+    align = 16 // h2.element_size()
+    width = max(align, min(vocab, budget // max(tokens, 1)) // align * align)
+    stride = -(-min(width, vocab) // align) * align  # 16-byte rows for the GEMM's TMA store
+    slab = torch.empty((tokens, stride), dtype=h2.dtype, device=h2.device)
+    outside = -(1 << 62)  # marks ignored rows; no shifted target can equal it
+    counted = target != ignore_index
+    dloss = scale.expand(tokens)
+    for v0 in range(0, vocab, width):
+        v1 = min(v0 + width, vocab)
+        logits = slab[:, : v1 - v0]
+        gemm(h2, weight[v0:v1].t(), bias=None if bias is None else bias[v0:v1], out=logits)
+        shifted = torch.where(counted, target.to(torch.int64) - v0, outside)
+        cross_entropy_bwd(logits, shifted, lse, dloss, logits, outside, 0.0, 0.0)
+        gemm(logits.t(), h2, out=grad_w[v0:v1])
+
+
 class _FusedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, target, bias, ignore_index, smoothing, reduction, chunk):
@@ -251,8 +275,12 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         lse = torch.empty(tokens, dtype=torch.float32, device=device)
         counted = (t2 != ignore_index).sum()
         scale = (1.0 / counted.float()).reshape(1) if reduction == "mean" else torch.ones(1, device=device)
+        # Without label smoothing the weight gradient comes from a second pass over vocabulary
+        # slices (see ``fused_linear_cross_entropy``); otherwise it accumulates chunk by chunk.
+        by_slices = (need_w and smoothing == 0.0 and tokens > 0 and hidden.dtype != torch.float32
+                     and (h2.shape[1] * h2.element_size()) % 16 == 0)
         grad_h = torch.empty_like(h2) if need_h else None
-        grad_w = torch.zeros_like(weight) if need_w else None
+        grad_w = (torch.empty_like(weight) if by_slices else torch.zeros_like(weight)) if need_w else None
         grad_b = torch.zeros(vocab, dtype=torch.float32, device=device) if need_b else None
         if chunk is None:
             chunk = chunk_rows(tokens, h2.shape[1], vocab, h2.element_size(),
@@ -271,10 +299,14 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
                               smoothing, 0.0)
             if need_h:
                 torch.mm(logits, weight, out=grad_h[start:end])
-            if need_w:
+            if need_w and not by_slices:
                 grad_w.addmm_(logits.t(), h)
             if need_b:
                 grad_b += logits.sum(0, dtype=torch.float32)
+        del buffer
+        if by_slices:
+            _weight_grad_by_slices(h2, weight, bias, t2, lse, scale, ignore_index, grad_w,
+                                   min(chunk, tokens) * vocab)
         ctx.save_for_backward(grad_h, grad_w, grad_b)
         ctx.shapes = (hidden.shape, None if bias is None else bias.dtype)
         total = loss_rows.sum()
@@ -284,10 +316,13 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
     def backward(ctx, dloss):
         grad_h, grad_w, grad_b = ctx.saved_tensors
         hidden_shape, bias_dtype = ctx.shapes
+        scale = dloss.float().reshape(1)  # device-side: no traffic at all when it is 1
         if grad_h is not None:
-            grad_h = grad_h.mul_(dloss.to(grad_h.dtype)).view(hidden_shape)
-        if grad_w is not None:
-            grad_w = grad_w.mul_(dloss.to(grad_w.dtype))
+            if grad_h.numel():
+                scale_rows(grad_h, scale)
+            grad_h = grad_h.view(hidden_shape)
+        if grad_w is not None and grad_w.numel():
+            scale_rows(grad_w, scale)
         if grad_b is not None:
             grad_b = (grad_b * dloss).to(bias_dtype)
         return grad_h, grad_w, None, grad_b, None, None, None, None
@@ -299,9 +334,15 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: 
     """``cross_entropy(hidden @ weight.T + bias, target)`` without materializing the logits.
 
     Tokens are processed in chunks: the chunk's logits come from one GEMM, the cross-entropy
-    kernel turns them into their gradient in place, and that gradient feeds the hidden and weight
-    (and bias) gradients right away, so at most one chunk of logits exists at a time. Gradients
-    are computed during the forward and scaled by the incoming gradient in the backward.
+    kernel turns them into their gradient in place, and that gradient feeds the hidden (and
+    bias) gradients right away, so at most one chunk of logits exists at a time. The weight
+    gradient then comes from a second pass over vocabulary slices of the same size: each
+    slice's logits are recomputed, turned into their gradient from the stored lse, and
+    multiplied by the hidden states straight into that slice of the weight gradient. One GEMM
+    more than accumulating the weight gradient chunk by chunk, but no read-modify-write of the
+    (V, H) weight gradient per chunk, which is memory-bound and cost more. With label smoothing
+    the weight gradient accumulates chunk by chunk. Gradients are computed during the forward
+    and scaled by the incoming gradient in the backward.
 
     Args:
         hidden: (..., H) CUDA tensor, float32 / float16 / bfloat16.
@@ -311,7 +352,8 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: 
         chunk_size: tokens per chunk (default: :func:`chunk_rows`).
 
     Constraints:
-      - the weight gradient accumulates chunk by chunk in the weight's dtype
+      - the weight gradient accumulates chunk by chunk in the weight's dtype (instead of the
+        second pass) with label smoothing, float32 inputs, or H not a multiple of 16 bytes
       - V up to 524288; label smoothing as in :func:`cross_entropy`
     """
     _check(hidden, target, ignore_index, label_smoothing, reduction, 0.0, what="hidden")
