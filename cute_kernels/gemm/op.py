@@ -168,6 +168,19 @@ def _prepare(a, b, k_multiple):
     return a3, b3
 
 
+def gemm_with_config(a, b, out, bias, config: GemmConfig) -> None:
+    """``out = a @ b (+ bias)`` with a fixed configuration, for callers that need two products
+    to round identically (the K sum runs in the same order for the same MMA instruction).
+    2-D TMA-ready operands (see ``_tma_ready``); no checks beyond the launcher's own."""
+    key = ("fixed", config, a.dtype, out.dtype, _major(a), _major(b), None if bias is None else bias.dtype)
+    fn = _kernels.get(key)
+    if fn is None:
+        specs = (_operand_spec(a), _operand_spec(b), _operand_spec(out), None, _free_spec(bias),
+                 None, None, ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
+        fn = _kernels[key] = get_kernel(GemmSm90, config, specs)
+    fn(a, b, out, None, bias, None, None, 1.0, 0.0)
+
+
 def _run(a, b, out_dtype, bias, alpha, beta, c, activation, out, scale_a=None, scale_b=None,
          tuned=False):
     m, n = a.shape[-2], b.shape[-1]

@@ -11,6 +11,9 @@ from ..runtime.errors import check_tensor, describe
 from .config import row_config
 from .cross_entropy import CrossEntropyBwdSm90, CrossEntropyConfig, CrossEntropyFwdSm90, ScaleRowsSm90
 from .dispatch import RowKernels, row_specs, vector_width, widest_itemsize
+from ..gemm.config import Epilogue, GemmConfig
+from ..gemm.op import gemm_with_config
+from ..runtime.arch import sm_count
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 TARGET_DTYPES = (torch.int64, torch.int32)
@@ -238,13 +241,19 @@ def chunk_rows(tokens: int, hidden: int, vocab: int, itemsize: int, free_bytes: 
     return max(1, min(tokens, max(64, chunk)))
 
 
-def _weight_grad_by_slices(h2, weight, bias, target, lse, scale, ignore_index, grad_w, budget):
+def _gemm_ready(t: torch.Tensor) -> bool:
+    """Row-major with 16-byte-aligned data and rows: the GEMM's TMA reads it as it is."""
+    size = t.element_size()
+    return t.stride(-1) == 1 and (t.stride(0) * size) % 16 == 0 and t.data_ptr() % 16 == 0 \
+        and (t.shape[1] * size) % 16 == 0
+
+
+def _weight_grad_by_slices(h2, weight, bias, target, lse, scale, ignore_index, grad_w, budget,
+                           logits_config):
     """grad_w[v0:v1] = G[:, v0:v1]^T @ h for vocabulary slices of at most ``budget`` logits:
     each slice's logits are recomputed (one GEMM), turned into their gradient in place from the
     stored lse (the backward kernel, targets shifted into the slice), and multiplied by the
     hidden states straight into the weight gradient: no read-modify-write of grad_w at all."""
-    from ..gemm.op import gemm
-
     tokens, vocab = h2.shape[0], weight.shape[0]
     align = 16 // h2.element_size()
     width = max(align, min(vocab, budget // max(tokens, 1)) // align * align)
@@ -256,10 +265,12 @@ def _weight_grad_by_slices(h2, weight, bias, target, lse, scale, ignore_index, g
     for v0 in range(0, vocab, width):
         v1 = min(v0 + width, vocab)
         logits = slab[:, : v1 - v0]
-        gemm(h2, weight[v0:v1].t(), bias=None if bias is None else bias[v0:v1], out=logits)
+        gemm_with_config(h2, weight[v0:v1].t(), logits, None if bias is None else bias[v0:v1],
+                         logits_config)
         shifted = torch.where(counted, target.to(torch.int64) - v0, outside)
         cross_entropy_bwd(logits, shifted, lse, dloss, logits, outside, 0.0, 0.0)
-        gemm(logits.t(), h2, out=grad_w[v0:v1])
+        gemm_with_config(logits.t(), h2, grad_w[v0:v1], None,
+                         dataclasses.replace(logits_config, epilogue=Epilogue()))
 
 
 class _FusedLinearCrossEntropy(torch.autograd.Function):
@@ -278,19 +289,29 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         # Without label smoothing the weight gradient comes from a second pass over vocabulary
         # slices (see ``fused_linear_cross_entropy``); otherwise it accumulates chunk by chunk.
         by_slices = (need_w and smoothing == 0.0 and tokens > 0 and hidden.dtype != torch.float32
-                     and (h2.shape[1] * h2.element_size()) % 16 == 0)
+                     and _gemm_ready(h2) and _gemm_ready(weight))
         grad_h = torch.empty_like(h2) if need_h else None
         grad_w = (torch.empty_like(weight) if by_slices else torch.zeros_like(weight)) if need_w else None
         grad_b = torch.zeros(vocab, dtype=torch.float32, device=device) if need_b else None
         if chunk is None:
             chunk = chunk_rows(tokens, h2.shape[1], vocab, h2.element_size(),
                                torch.cuda.mem_get_info(device)[0])
-        buffer = torch.empty((min(chunk, tokens), vocab), dtype=hidden.dtype, device=device)
+        # With the slice pass, both passes compute logits with the project's GEMM in one fixed
+        # configuration (same MMA instruction, same order of the K sum), so the recomputed
+        # logits are bitwise the ones the lse came from: logits rounded differently would make
+        # exp(x - lse) sum to other than 1. Its TMA store needs 16-byte rows: the buffer is padded.
+        logits_config = GemmConfig(128, 256, 1, 1, 8, sm_count(device.index or 0),
+                                   epilogue=Epilogue(bias=bias is not None))
+        align = 16 // h2.element_size()
+        buffer = torch.empty((min(chunk, tokens), -(-vocab // align) * align if by_slices else vocab),
+                             dtype=hidden.dtype, device=device)
         w_t = weight.t()
         for start in range(0, tokens, chunk):
             end = min(start + chunk, tokens)
-            h, logits = h2[start:end], buffer[: end - start]
-            if bias is None:
+            h, logits = h2[start:end], buffer[: end - start, :vocab]
+            if by_slices:
+                gemm_with_config(h, w_t, logits, bias, logits_config)
+            elif bias is None:
                 torch.mm(h, w_t, out=logits)
             else:
                 torch.addmm(bias, h, w_t, out=logits)
@@ -303,10 +324,10 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
                 grad_w.addmm_(logits.t(), h)
             if need_b:
                 grad_b += logits.sum(0, dtype=torch.float32)
-        del buffer
         if by_slices:
+            del buffer, logits, h  # the chunk buffer's memory goes back before the slice pass
             _weight_grad_by_slices(h2, weight, bias, t2, lse, scale, ignore_index, grad_w,
-                                   min(chunk, tokens) * vocab)
+                                   min(chunk, tokens) * vocab, logits_config)
         ctx.save_for_backward(grad_h, grad_w, grad_b)
         ctx.shapes = (hidden.shape, None if bias is None else bias.dtype)
         total = loss_rows.sum()
@@ -353,7 +374,8 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: 
 
     Constraints:
       - the weight gradient accumulates chunk by chunk in the weight's dtype (instead of the
-        second pass) with label smoothing, float32 inputs, or H not a multiple of 16 bytes
+        second pass) with label smoothing, float32 inputs, or hidden / weight rows that are not
+        16-byte aligned
       - V up to 524288; label smoothing as in :func:`cross_entropy`
     """
     _check(hidden, target, ignore_index, label_smoothing, reduction, 0.0, what="hidden")
