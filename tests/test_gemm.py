@@ -53,11 +53,37 @@ def test_tuning_candidates():
 
     base = choose_config(4096, 4096, 4096, 1, 2, 132)
     found = candidates(base, 4096, 132)
-    assert found[0] == base and len(set(found)) == len(found) == 4
+    assert found[0] == base and len(set(found)) == len(found) == 6
+    assert any(c.pingpong for c in found)
     assert all(c.max_clusters * c.cluster_m <= 132 for c in found)
     fp8 = choose_config(4096, 4096, 4096, 1, 1, 132)
-    assert all(c.tile_n == 128 for c in candidates(fp8, 4096, 132))
+    assert all(c.tile_n <= 128 for c in candidates(fp8, 4096, 132))  # two fp32 accumulators
     assert all(c.tile_m == 64 for c in candidates(choose_config(64, 512, 512, 1, 2, 132), 64, 132))
+
+
+@gpu
+@pytest.mark.parametrize("tile", [(64, 256, 1), (128, 192, 2), (128, 128, 1)])
+def test_pingpong_schedule(tile):
+    # Both warpgroups' tiles, several per CTA, ragged edges, the full epilogue, a poisoned output.
+    from cute_kernels.gemm.config import Epilogue, GemmConfig
+    from cute_kernels.gemm.kernel_sm90 import GemmSm90
+    from cute_kernels.gemm.op import _free_spec, _operand_spec
+    from cute_kernels.runtime import ScalarSpec, StreamSpec, get_kernel
+
+    tm, tn, cm = tile
+    m, n, k = 1000, 2904, 328
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    c = torch.randn(m, n, device="cuda", dtype=torch.float32)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    cfg = GemmConfig(tm, tn, cm, max_clusters=16, pingpong=True,
+                     epilogue=Epilogue(bias=True, residual=True, activation="gelu_tanh"))
+    specs = (_operand_spec(a), _operand_spec(b), _operand_spec(d), _free_spec(c), _free_spec(bias),
+             None, None, ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
+    get_kernel(GemmSm90, cfg, specs)(a, b, d, c, bias, None, None, 0.5, 0.25)
+    z = 0.5 * ref_mm(a, b) + 0.25 * c.double() + bias.double()
+    check(d, a, b, extra=F.gelu(z, approximate="tanh"))
 
 
 @gpu

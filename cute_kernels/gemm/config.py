@@ -35,13 +35,16 @@ class GemmConfig:
     max_clusters: int = 1 << 30
     epilogue: Epilogue = Epilogue()
     fp8_promote_every: int = 0  # fp8: fold the MMA accumulator into fp32 every this many k-tiles
-    warpgroups: int = 0  # MMA warpgroups: 0 = one per 64 rows of the tile
+    warpgroups: int = 0  # MMA warpgroups: 0 = one per 64 rows of the tile (two for ping-pong)
+    # Ping-pong: two MMA warpgroups take alternate tiles (tile_m = 64 rows each); one runs its
+    # mainloop while the other runs its epilogue, so the tensor cores never wait for stores.
+    pingpong: bool = False
     epi_n: int = 32  # output columns per epilogue sub-tile (one TMA store each)
     epi_stages: int = 4  # shared-memory buffers of epilogue sub-tiles (stores in flight)
 
     @property
     def mma_warpgroups(self) -> int:
-        return self.warpgroups or self.tile_m // 64
+        return self.warpgroups or (2 if self.pingpong else self.tile_m // 64)
 
     @property
     def threads(self) -> int:

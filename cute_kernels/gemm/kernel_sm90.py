@@ -3,8 +3,11 @@
 Design:
   - Warp specialization: warpgroup 0 is the producer (one warp issues TMA loads of A and B
     tiles into a multi-stage mbarrier pipeline; its registers are cut to 40 with setmaxnreg);
-    one or two MMA warpgroups (64 rows of the tile each, 232 registers) consume the stages with
-    wgmma, both operands from swizzled shared memory.
+    one or two MMA warpgroups (232 registers) consume the stages with wgmma, both operands from
+    swizzled shared memory. Cooperative schedule: the MMA warpgroups split each tile (64 rows
+    each). Ping-pong schedule (``config.pingpong``): each MMA warpgroup owns whole tiles
+    (alternate tiles of the CTA) and named barriers hand the tensor cores from one to the
+    other, so one warpgroup's epilogue runs under the other's mainloop.
   - Persistent: a static schedule (scheduler.py) walks the output tiles in groups of
     ``swizzle`` cluster columns for L2 reuse; the producer runs ahead into the next tile
     while the MMA warpgroups run the epilogue of the current one.
@@ -24,6 +27,8 @@ Constraints:
   - 16-bit (fp16 / bf16) or 8-bit float A and B of the same width; fp8 needs K-major A and B
   - the contiguous dim of every operand holds a multiple of 16 bytes; the other strides too
   - tile M 64 / 128, tile N a multiple of 16 up to 256; clusters of at most 2 x 2
+  - ping-pong: two MMA warpgroups, each holding a whole tile's accumulators (at most 192 fp32
+    values per thread, two fp32 accumulators for fp8)
 """
 
 from __future__ import annotations
@@ -60,10 +65,12 @@ class GemmSm90:
         self.config = config
         self.cluster_mn = (config.cluster_m, config.cluster_n)
         self.num_mma_wg = config.mma_warpgroups
-        self.atom_layout_mnk = (self.num_mma_wg, 1, 1)
+        self.pingpong = config.pingpong
+        # Warpgroups that share one output tile: all of them (cooperative) or one (ping-pong).
+        self.tile_wgs = 1 if self.pingpong else self.num_mma_wg
+        self.atom_layout_mnk = (self.tile_wgs, 1, 1)
         self.threads = config.threads
-        self.num_mma_threads = 128 * self.num_mma_wg
-        self.epilogue_barrier = pipeline.NamedBarrier(barrier_id=1, num_threads=self.num_mma_threads)
+        self.tile_threads = 128 * self.tile_wgs
 
     # ------------------------------------------------------------------ host side
 
@@ -82,9 +89,11 @@ class GemmSm90:
         self.tile_mnk = (cfg.tile_m, cfg.tile_n, mma_k * 4)
         self.cta_layout_mnk = cute.make_layout((*self.cluster_mn, 1))
         self.mcast_a, self.mcast_b = cfg.cluster_n, cfg.cluster_m
-        self.epi_tile = (min(128 if self.num_mma_wg == 2 else 64, cfg.tile_m), min(cfg.epi_n, cfg.tile_n))
+        self.epi_tile = (min(64 * self.tile_wgs, cfg.tile_m), min(cfg.epi_n, cfg.tile_n))
+        # Ping-pong: each MMA warpgroup has its own epilogue buffers.
+        self.epi_buffers = cfg.epi_stages * self.num_mma_wg // self.tile_wgs
         ab_bytes = (cfg.tile_m + cfg.tile_n) * self.tile_mnk[2] * self.a_dtype.width // 8
-        epi_bytes = self.epi_tile[0] * self.epi_tile[1] * self.d_dtype.width // 8 * self.config.epi_stages
+        epi_bytes = self.epi_tile[0] * self.epi_tile[1] * self.d_dtype.width // 8 * self.epi_buffers
         self.ab_stages = (SMEM_CAPACITY - 1024 - epi_bytes) // ab_bytes
         self.a_smem_staged = self._smem_layout(self.a_layout, self.a_dtype, (cfg.tile_m, self.tile_mnk[2]))
         self.b_smem_staged = self._smem_layout(self.b_layout, self.b_dtype, (cfg.tile_n, self.tile_mnk[2]))
@@ -93,7 +102,7 @@ class GemmSm90:
             sm90_utils.get_smem_layout_atom(self.d_layout, self.d_dtype, d_major), self.d_dtype
         )
         self.epi_smem_staged = cute.tile_to_shape(
-            d_atom, cute.append(self.epi_tile, self.config.epi_stages),
+            d_atom, cute.append(self.epi_tile, self.epi_buffers),
             order=(1, 0, 2) if self.d_layout.is_m_major_c() else (0, 1, 2),
         )
 
@@ -169,7 +178,8 @@ class GemmSm90:
         storage = smem.allocate(self.storage)
         stage_bytes = cute.size_in_bytes(self.a_dtype, cute.slice_(a_smem_staged, (None, None, 0))) + \
             cute.size_in_bytes(self.b_dtype, cute.slice_(b_smem_staged, (None, None, 0)))
-        consumers = (self.mcast_a + self.mcast_b - 1) * self.num_mma_wg * 4
+        # Every warp of the warpgroup(s) that consume a stage releases it, in each CTA it feeds.
+        consumers = (self.mcast_a + self.mcast_b - 1) * self.tile_wgs * 4
         mainloop = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.barriers.data_ptr(),
             num_stages=self.ab_stages,
@@ -240,10 +250,17 @@ class GemmSm90:
     def mma_and_epilogue(self, tiled_mma, sA, sB, sD, gD, mD, tma_d, mC, mBias, mScaleA, mScaleB,
                          alpha: Float32, beta: Float32, mainloop, k_tiles, schedule, cluster_coord,
                          tidx, warp):
-        """MMA warpgroups: wgmma over the k-tiles, then the epilogue, tile after tile."""
+        """MMA warpgroups: wgmma over the k-tiles, then the epilogue, tile after tile.
+
+        Cooperative: every MMA warpgroup works on every tile (64 rows each). Ping-pong:
+        warpgroup w takes this CTA's tiles w, w + 2, ...; named barriers make the two take turns
+        on the tensor cores, so one's epilogue runs under the other's mainloop. Each skips the
+        other's k-tiles in its pipeline states."""
         cfg = self.config
         wg = cute.arch.make_warp_uniform(tidx // 128)
-        thr_mma = tiled_mma.get_slice(cute.make_layout(self.num_mma_wg, stride=128)(wg))
+        tile_tidx = tidx % 128 if const_expr(self.pingpong) else tidx  # among the tile's threads
+        operand_slice = 0 if const_expr(self.pingpong) else cute.make_layout(self.num_mma_wg, stride=128)(wg)
+        thr_mma = tiled_mma.get_slice(operand_slice)
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         acc = cute.make_rmem_tensor(thr_mma.partition_C(gD).shape[:3], Float32)
@@ -262,12 +279,12 @@ class GemmSm90:
                 tiled_mma,
             ),
         )
-        thr_store = tiled_store.get_slice(tidx)
+        thr_store = tiled_store.get_slice(tile_tidx)
         tRS_sD = thr_store.partition_D(sD)
         tRS_acc = tiled_store.retile(acc)
         # (row, col) in the tile of each accumulator value this thread holds: partitioned by the
         # thread's own index (thr_mma above is the warpgroup's slice, right for the operands only).
-        coords = tiled_mma.get_slice(tidx).partition_C(cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
+        coords = tiled_mma.get_slice(tile_tidx).partition_C(cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
         tRS_coords = tiled_store.retile(coords)
         frag_shape = cute.shape(thr_store.partition_S(sD))[:3]
         tRS_rD = cute.make_rmem_tensor(frag_shape, Float32)
@@ -275,18 +292,36 @@ class GemmSm90:
         per_subtile = cute.size(tRS_rD)
         store_pipe = pipeline.PipelineTmaStore.create(
             num_stages=self.config.epi_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.num_mma_threads),
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.tile_threads),
         )
-        store_warp = 4  # first warp of the first MMA warpgroup
+        # The first warp of the tile's warpgroups issues its TMA stores; epilogue barrier ids
+        # 1 (cooperative) or 1 + w (ping-pong); buffers of warpgroup w start at w * epi_stages.
+        store_warp = 4 + 4 * wg if const_expr(self.pingpong) else 4
+        epi_barrier = 1 + wg if const_expr(self.pingpong) else 1
+        buffer_base = wg * cfg.epi_stages if const_expr(self.pingpong) else 0
 
         cm_tiles, cn_tiles, total = schedule
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
         tiles_done = Int32(0)
         t = cute.arch.block_idx()[2]
+        step = cute.arch.grid_dim()[2]
+        if const_expr(self.pingpong):
+            if wg == 1:  # the CTA's first tile belongs to warpgroup 0
+                t += step
+                for _ in range(k_tiles):
+                    read.advance()
+                    release.advance()
         while t < total:
             m, n, l = tile_coords(t, cm_tiles, cn_tiles, cfg.swizzle, self.cluster_mn,
                                   cluster_coord[0], cluster_coord[1])
+            if const_expr(self.pingpong):
+                # Wait for the other warpgroup's previous mainloop (barrier 3: 0 -> 1, 4: 1 -> 0).
+                if wg == 0:
+                    if tiles_done > 0:
+                        cute.arch.barrier(barrier_id=4, number_of_threads=256)
+                else:
+                    cute.arch.barrier(barrier_id=3, number_of_threads=256)
             read.reset_count()
             release.reset_count()
             acc.fill(0.0)
@@ -320,17 +355,28 @@ class GemmSm90:
             if k_tiles > 0:
                 mainloop.consumer_release(release)
                 release.advance()
+            if const_expr(self.pingpong):
+                if t + step < total:  # the other warpgroup has a next tile: its turn
+                    cute.arch.barrier_arrive(barrier_id=3 + wg, number_of_threads=256)
             self.epilogue(acc, tRS_acc, tRS_coords, tRS_rD, tRS_rOut, tRS_sD, sD, gD, mD, tma_d,
                           tiled_store, store_pipe, mC, mBias, mScaleA, mScaleB, alpha, beta,
-                          m, n, l, per_subtile, tiles_done, warp, store_warp)
+                          m, n, l, per_subtile, tiles_done, warp, store_warp, epi_barrier,
+                          buffer_base)
             tiles_done += 1
-            t += cute.arch.grid_dim()[2]
+            if const_expr(self.pingpong):
+                for _ in range(k_tiles):  # the other warpgroup's tile
+                    read.advance()
+                    release.advance()
+                t += 2 * step
+            else:
+                t += step
         store_pipe.producer_tail()
 
     @cute.jit
     def epilogue(self, acc, tRS_acc, tRS_coords, tRS_rD, tRS_rOut, tRS_sD, sD, gD, mD, tma_d,
                  tiled_store, store_pipe, mC, mBias, mScaleA, mScaleB, alpha: Float32,
-                 beta: Float32, m, n, l, per_subtile, tiles_done, warp, store_warp):
+                 beta: Float32, m, n, l, per_subtile, tiles_done, warp, store_warp, epi_barrier,
+                 buffer_base):
         cfg, epi = self.config, self.config.epilogue
         gD_tile = gD[(None, None, m, n, l)]
         gD_sub = cute.zipped_divide(gD_tile, self.epi_tile)
@@ -351,15 +397,15 @@ class GemmSm90:
             else:
                 x = tRS_rD.load() * alpha
             tRS_rOut.store(_activation(x, epi.activation).to(self.d_dtype))
-            buffer = (tiles_done * subtiles + s) % self.config.epi_stages
+            buffer = buffer_base + (tiles_done * subtiles + s) % self.config.epi_stages
             cute.copy(tiled_store, tRS_rOut, tRS_sD[(None, None, None, buffer)])
             cute.arch.fence_proxy("async.shared", space="cta")
-            self.epilogue_barrier.arrive_and_wait()
+            cute.arch.barrier(barrier_id=epi_barrier, number_of_threads=self.tile_threads)
             if warp == store_warp:
                 cute.copy(tma_d, sD_part[(None, buffer)], gD_part[(None, sub_layout.get_hier_coord(s))])
                 store_pipe.producer_commit()
                 store_pipe.producer_acquire()
-            self.epilogue_barrier.arrive_and_wait()
+            cute.arch.barrier(barrier_id=epi_barrier, number_of_threads=self.tile_threads)
 
     @cute.jit
     def _apply_operands(self, frag, coords, offset, mC, mBias, mScaleA, mScaleB, alpha: Float32,

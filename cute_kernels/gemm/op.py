@@ -396,6 +396,13 @@ def compile_configurations(quick: bool = False):
         cfg = GemmConfig(tm, 128, cm, max_clusters=132 // cm, epilogue=Epilogue(row_scale=True, col_scale=True),
                          fp8_promote_every=4)
         found.append((GemmSm90, cfg, (fp8_row, fp8_col, out, None, None, f32, f32) + scalars))
+    # Ping-pong configurations that tuned=True may pick (bf16 and fp8).
+    for cm in (1, 2):
+        found.append((GemmSm90, GemmConfig(128, 192, cm, max_clusters=132 // cm, pingpong=True),
+                      (bf16("row"), bf16("row"), out, None, None, None, None) + scalars))
+        cfg = GemmConfig(128, 96, cm, max_clusters=132 // cm, pingpong=True, fp8_promote_every=4,
+                         epilogue=Epilogue(row_scale=True, col_scale=True))
+        found.append((GemmSm90, cfg, (fp8_row, fp8_col, out, None, None, f32, f32) + scalars))
     # Batched (L, M, K) operands, and one cluster per tile (the grid when max_clusters is not capped).
     batched = (operand("bfloat16", "row", 3), operand("bfloat16", "col", 3), operand("bfloat16", "row", 3))
     found.append((GemmSm90, GemmConfig(128, 256, 2, max_clusters=66), batched + (None, None, None, None) + scalars))

@@ -24,13 +24,20 @@ _memory: dict = {}
 
 
 def candidates(base: GemmConfig, m: int, sms: int) -> list[GemmConfig]:
-    """The heuristic's choice first, then the other tile / cluster shapes worth timing."""
-    shapes = [(64, 128)] if m <= 64 else ([(128, 128)] if base.fp8_promote_every else [(128, 256), (128, 128)])
+    """The heuristic's choice first, then the other tile / cluster / schedule shapes worth
+    timing (ping-pong tiles are per warpgroup: 128 x 192 keeps 192 fp32 accumulators, fp8's
+    128 x 96 two accumulators of 96)."""
+    if m <= 64:
+        shapes = [(64, 128, False)]
+    elif base.fp8_promote_every:
+        shapes = [(128, 128, False), (128, 96, True)]
+    else:
+        shapes = [(128, 256, False), (128, 128, False), (128, 192, True)]
     found = [base]
-    for tile_m, tile_n in shapes:
+    for tile_m, tile_n, pingpong in shapes:
         for cluster_m in (1, 2):
             cfg = dataclasses.replace(base, tile_m=tile_m, tile_n=tile_n, cluster_m=cluster_m,
-                                      max_clusters=max(1, sms // cluster_m))
+                                      max_clusters=max(1, sms // cluster_m), pingpong=pingpong)
             if cfg not in found:
                 found.append(cfg)
     return found
