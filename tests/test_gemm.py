@@ -46,6 +46,8 @@ def test_heuristic_fills_the_machine():
     big = choose_config(8192, 8192, 8192, 1, 2, 132)
     assert big.max_clusters * big.cluster_m <= 132
     assert choose_config(4096, 4096, 4096, 1, 1, 132).tile_n == 128  # fp8: two accumulators
+    assert choose_config(8192, 8192, 1024, 1, 2, 132).pingpong  # short K: epilogue hidden
+    assert not choose_config(4096, 4096, 4096, 1, 2, 132).pingpong
 
 
 def test_tuning_candidates():
