@@ -7,13 +7,12 @@ CUDA kernels grouped by name) and the time per call with and without the gradien
 from __future__ import annotations
 
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import bench, make_input_sets  # noqa: E402
+from harness import bench, kernel_profile, make_input_sets  # noqa: E402
 
 import cute_kernels as ck  # noqa: E402
 
@@ -34,21 +33,7 @@ def main():
                      ("fwd+bwd in place", fwd_bwd(True))):
         ms = bench(fn, sets)
         print(f"{name}: {ms * 1000:.1f} us", flush=True)
-    fn = fwd_bwd(False)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA,
-                                            torch.profiler.ProfilerActivity.CPU]) as prof:
-        for _ in range(5):
-            fn(*sets[0])
-        torch.cuda.synchronize()
-    totals, counts = defaultdict(float), defaultdict(int)
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.name[:80]] += event.device_time_total / 5
-            counts[event.name[:80]] += 1
-    for name, us in sorted(totals.items(), key=lambda kv: -kv[1])[:8]:
-        print(f"{us:9.1f} us/call  x{counts[name]:<3} {name}")
-    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=8))
-
+    kernel_profile(fwd_bwd(False), sets[0], calls=5, rows=8)
 
 if __name__ == "__main__":
     main()

@@ -7,14 +7,13 @@ goes (torch profiler, CUDA kernels grouped by name) at the default chunk.
 from __future__ import annotations
 
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_losses import peak_extra_memory  # noqa: E402
-from harness import bench  # noqa: E402
+from harness import bench, kernel_profile  # noqa: E402
 
 import cute_kernels as ck  # noqa: E402
 
@@ -38,18 +37,7 @@ def main():
         mem = peak_extra_memory(fn, h, w, t) / 2**30
         ms = bench(fn, [(h, w, t)], warmup=2, reps=6)
         print(f"chunk {chunk}: {ms:.2f} ms, peak extra {mem:.3f} GiB", flush=True)
-    fn = run(None)
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        fn(h, w, t)
-        torch.cuda.synchronize()
-    totals, counts = defaultdict(float), defaultdict(int)
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            totals[event.name[:90]] += event.device_time_total / 1000
-            counts[event.name[:90]] += 1
-    for name, ms in sorted(totals.items(), key=lambda kv: -kv[1])[:12]:
-        print(f"{ms:8.2f} ms  x{counts[name]:<4} {name}")
-
+    kernel_profile(run(None), (h, w, t))
 
 if __name__ == "__main__":
     main()

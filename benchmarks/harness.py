@@ -54,6 +54,24 @@ def bench(fn: Callable, input_sets: Sequence[tuple], warmup: int = 5, reps: int 
     return statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
 
 
+def kernel_profile(fn: Callable, args: tuple, calls: int = 1, rows: int = 12) -> None:
+    """Print the CUDA kernels of ``calls`` calls of ``fn(*args)`` grouped by name, microseconds
+    per call, largest first (torch profiler)."""
+    from collections import defaultdict
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn(*args)
+        torch.cuda.synchronize()
+    totals, counts = defaultdict(float), defaultdict(int)
+    for event in prof.events():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.name[:90]] += event.device_time_total / calls
+            counts[event.name[:90]] += 1
+    for name, us in sorted(totals.items(), key=lambda kv: -kv[1])[:rows]:
+        print(f"{us:10.1f} us/call  x{counts[name] // calls:<4} {name}")
+
+
 def bench_many(fns: dict, input_sets: Sequence[tuple], rounds: int = 3, reps: int = 20) -> dict:
     """Median milliseconds of each candidate, measured in interleaved rounds (a, b, c, a, b, c,
     ...) so clock and thermal drift fall on all of them alike; each round's median, then the
