@@ -35,5 +35,6 @@ def main():
         print(f"{name}: {ms * 1000:.1f} us", flush=True)
     kernel_profile(fwd_bwd(False), sets[0], calls=5, rows=8)
 
+
 if __name__ == "__main__":
     main()

@@ -39,5 +39,6 @@ def main():
         print(f"chunk {chunk}: {ms:.2f} ms, peak extra {mem:.3f} GiB", flush=True)
     kernel_profile(run(None), (h, w, t))
 
+
 if __name__ == "__main__":
     main()
