@@ -40,13 +40,9 @@ from .config import RowConfig
 from .rows import (
     RowKernel,
     bounds_predicate,
-    copy_async,
     load_fragments,
     make_row_copy,
-    read_fragment,
     reduction_workspace,
-    stage_buffer,
-    stage_view,
     store_fragment,
     thread_fragment,
 )
@@ -149,24 +145,13 @@ class CrossEntropyFwdSm90(_CrossEntropyKernel):
         tile = self._tile(cute.arch.block_idx()[0])
         coords = self._coords(mX, tile)
         pred = bounds_predicate(coords, mX.shape[0], rows)
-        copy_x = make_row_copy(mX.element_type, rows)
-        tXgX = thread_fragment(mX, copy_x, rows, tile)
-        tXrX = cute.make_rmem_tensor_like(tXgX)
+        # Measured: issuing the target's two dependent scalar loads before the row's loads is
+        # faster than after them (benchmarks/NOTES.md).
         row, target, counted, in_range = self._row_info(mX, mTarget, coords, ignore_index)
-        if const_expr(rows.stage_smem):
-            # The row goes to shared memory by cp.async first (nothing waits on it), then the
-            # target logit's load, which waits on the target's: its latency hides under the row.
-            tXsX = stage_view(stage_buffer(smem, mX.element_type, rows), copy_x, 0)
-            copy_async(tXgX, tXsX, pred)
-            cute.arch.cp_async_commit_group()
-            x_target = _load_logit(mX, row, target, in_range)
-            cute.arch.cp_async_wait_group(0)
-            read_fragment(tXsX, tXrX, pred, -mX.element_type.inf)
-        else:
-            # Direct loads: the target's two dependent scalar loads go first (measured faster
-            # than after the row's loads, benchmarks/NOTES.md).
-            x_target = _load_logit(mX, row, target, in_range)
-            load_fragments(pred, (tXgX, tXrX, None, -mX.element_type.inf))
+        x_target = _load_logit(mX, row, target, in_range)
+        tXgX = thread_fragment(mX, make_row_copy(mX.element_type, rows), rows, tile)
+        tXrX = cute.make_rmem_tensor_like(tXgX)
+        load_fragments(pred, (tXgX, tXrX, None, -mX.element_type.inf))
         x = tXrX.load().to(Float32)
 
         group = const_expr(min(rows.threads_per_row, 32))
