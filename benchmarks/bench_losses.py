@@ -26,8 +26,9 @@ FLCE = (8192, 4096, 128256)
 
 
 def ce_peers(quack_ce, liger_ce):
-    fwd = {"torch": lambda x, t: F.cross_entropy(x, t),
-           "torch_compile": torch.compile(lambda x, t: F.cross_entropy(x.float(), t))}
+    """Forward peers, each returning the per-row losses (quack's forward does no reduction)."""
+    fwd = {"torch": lambda x, t: F.cross_entropy(x, t, reduction="none"),
+           "torch_compile": torch.compile(lambda x, t: F.cross_entropy(x.float(), t, reduction="none"))}
     if quack_ce is not None:
         fwd["quack"] = lambda x, t: quack_ce.cross_entropy_fwd(x, t)
     return fwd
@@ -45,7 +46,7 @@ def run_ce(results, m, v, quack_ce, liger):
     dtype = torch.bfloat16
     sets = make_input_sets(lambda: (torch.randn(m, v, device="cuda", dtype=dtype),
                                     torch.randint(0, v, (m,), device="cuda")), m * v * 2)
-    fwd = {"ours": lambda x, t: ck.cross_entropy(x, t), **ce_peers(quack_ce, liger)}
+    fwd = {"ours": lambda x, t: ck.cross_entropy(x, t, reduction="none"), **ce_peers(quack_ce, liger)}
     ms = bench_many(fwd, sets)
     rates = {k: gbps(m * v * 2, t) for k, t in ms.items()}
     results.add("losses", "cross_entropy_fwd", (m, v), dtype, "GBps", rates.pop("ours"), rates)
@@ -56,7 +57,7 @@ def run_ce(results, m, v, quack_ce, liger):
     if liger is not None:
         liger_loss = liger.LigerCrossEntropyLoss()
         both["liger"] = fwd_bwd(lambda x, t: liger_loss(x, t))
-    ms = bench_many(both, sets, reps=10)
+    ms = bench_many(both, sets, reps=20)
     rates = {k: gbps(3 * m * v * 2, t) for k, t in ms.items()}
     results.add("losses", "cross_entropy_fwd_bwd", (m, v), dtype, "GBps", rates.pop("ours"), rates,
                 ms={k: round(t, 3) for k, t in ms.items()})

@@ -125,12 +125,16 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
-def _reduce(loss_rows, target_rows, ignore_index, reduction, target_shape):
+def _reduce(loss_rows, target_rows, ignore_index, reduction, target_shape, scale=None):
+    """The loss for ``reduction``; ``scale`` (1 / counted rows, when the forward already has it)
+    saves recounting for "mean"."""
     if reduction == "none":
         return loss_rows.view(target_shape)
     total = loss_rows.sum()
     if reduction == "sum":
         return total
+    if scale is not None:
+        return (total * scale).reshape(())  # inf * 0 = NaN when all are ignored, as torch
     return total / (target_rows != ignore_index).sum()  # 0 / 0 = NaN when all are ignored, as torch
 
 
@@ -161,7 +165,7 @@ class _CrossEntropy(torch.autograd.Function):
             ctx.save_for_backward(grad)
         else:
             ctx.save_for_backward(x2, t2, lse)
-        return _reduce(loss_rows, t2, ignore_index, reduction, target.shape)
+        return _reduce(loss_rows, t2, ignore_index, reduction, target.shape, scale)
 
     @staticmethod
     def backward(ctx, dloss):
