@@ -109,6 +109,8 @@ def test_tuned_choice_is_correct_and_persists(tmp_path, monkeypatch):
 def test_cpu_tensor_is_refused():
     with pytest.raises(ck.DeviceError):
         ck.gemm(torch.randn(4, 4, dtype=torch.bfloat16), torch.randn(4, 4, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="must be a torch.Tensor"):
+        ck.gemm([[1.0]], torch.randn(1, 1, dtype=torch.bfloat16))
 
 
 # ---------------------------------------------------------------- GPU

@@ -287,7 +287,8 @@ def gemm(a, b, *, bias=None, alpha: float = 1.0, beta: float = 0.0, c=None, acti
         costs one zero-padded copy of that operand; an output whose rows are not 16-byte
         multiples is allocated with padded rows and returned as a view
     """
-    if c is None and out is None and not torch.compiler.is_compiling():
+    if (c is None and out is None and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            and (bias is None or isinstance(bias, torch.Tensor)) and not torch.compiler.is_compiling()):
         key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device, out_dtype,
                activation, tuned, None if bias is None else (bias.shape, bias.dtype, bias.device))
         plan = _plans.get(key)
