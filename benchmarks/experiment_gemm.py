@@ -1,6 +1,6 @@
 """Time GEMM configurations side by side with cuBLAS (L2-cold inputs, interleaved rounds).
 
-    python benchmarks/experiment_gemm.py [--shapes MxNxK,...] [--configs TMxTNxWGxCM[xEPINxEPISTAGES][p],...] [--fp8]
+    python benchmarks/experiment_gemm.py [--shapes MxNxK,...] [--configs TMxTNxWGxCM[xEPINxEPISTAGES][p],...] [--fp8 [--promote N]]
 
 A trailing ``p`` selects the ping-pong schedule (TM = 64: rows per warpgroup tile).
 Every configuration runs persistent (one CTA per SM at most). Each result is checked against
@@ -34,6 +34,8 @@ def main():
     parser.add_argument("--shapes", default="4096x4096x4096")
     parser.add_argument("--configs", default="128x256x2x1,128x256x2x2,128x128x2x1,64x128x1x1")
     parser.add_argument("--fp8", action="store_true")
+    parser.add_argument("--promote", type=int, default=4,
+                        help="fp8: k-tiles per promotion into the fp32 accumulator (0: none, one accumulator)")
     args = parser.parse_args()
     sms = sm_count(0)
     for m, n, k in parse(args.shapes, []):
@@ -59,7 +61,7 @@ def main():
             epi_n, epi_stages = epi_opts or (32, 4)
             epi = Epilogue(row_scale=True, col_scale=True) if args.fp8 else Epilogue()
             cfg = GemmConfig(tm, tn, cm, 1, 8, sms // cm, epilogue=epi, warpgroups=wg,
-                             fp8_promote_every=4 if args.fp8 else 0, epi_n=epi_n, epi_stages=epi_stages,
+                             fp8_promote_every=args.promote if args.fp8 else 0, epi_n=epi_n, epi_stages=epi_stages,
                              pingpong=pingpong)
             specs = (_operand_spec(a0), _operand_spec(b0), _operand_spec(d), None, None,
                      _free_spec(sa), _free_spec(sb), ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())

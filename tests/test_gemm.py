@@ -42,10 +42,14 @@ def test_heuristic_covers_shapes():
 
 def test_heuristic_fills_the_machine():
     # Skinny problems take the smaller tile so that more SMs get work; the grid is persistent.
-    assert choose_config(128, 8192, 8192, 1, 2, 132).tile_n == 128
+    skinny = choose_config(128, 8192, 8192, 1, 2, 132)
+    assert (skinny.tile_m, skinny.tile_n, skinny.cluster_m) == (64, 128, 2)  # 128 CTAs in pairs
+    assert choose_config(100, 8192, 8192, 1, 2, 132).cluster_m == 2
+    assert choose_config(64, 8192, 8192, 1, 2, 132).cluster_m == 1  # one row of tiles
     big = choose_config(8192, 8192, 8192, 1, 2, 132)
     assert big.max_clusters * big.cluster_m <= 132
     assert choose_config(4096, 4096, 4096, 1, 1, 132).tile_n == 128  # fp8: two accumulators
+    assert choose_config(8192, 8192, 8192, 1, 1, 132).tile_n == 192
     assert choose_config(8192, 8192, 1024, 1, 2, 132).pingpong  # short K: epilogue hidden
     assert not choose_config(4096, 4096, 4096, 1, 2, 132).pingpong
 
@@ -59,7 +63,8 @@ def test_tuning_candidates():
     assert any(c.pingpong for c in found)
     assert all(c.max_clusters * c.cluster_m <= 132 for c in found)
     fp8 = choose_config(4096, 4096, 4096, 1, 1, 132)
-    assert all(c.tile_n <= 128 for c in candidates(fp8, 4096, 132))  # two fp32 accumulators
+    assert all(c.tile_n <= 192 for c in candidates(fp8, 4096, 132))  # two fp32 accumulators
+    assert {c.tile_m for c in candidates(choose_config(128, 512, 512, 1, 2, 132), 128, 132)} == {64, 128}
     assert all(c.tile_m == 64 for c in candidates(choose_config(64, 512, 512, 1, 2, 132), 64, 132))
 
 

@@ -54,6 +54,9 @@ class GemmConfig:
 # Relative MMA throughput of each tile shape at large K (measured on H100, 4096^3 bf16:
 # 749 / 503 TFLOP/s, benchmarks/NOTES.md). The smaller tile wins only by filling more SMs.
 TILE_EFFICIENCY = {(128, 256): 1.0, (128, 128): 0.7}
+# fp8 keeps two fp32 accumulators, so 128 x 192 is its widest tile (measured 1052 vs 910
+# TFLOP/s for 128 x 128 at 8192^3, 995 vs 1027 at 4096^3 where 192 wastes a third of a wave).
+FP8_TILE_EFFICIENCY = {(128, 192): 1.0, (128, 128): 0.9}
 
 
 def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: int,
@@ -63,31 +66,36 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
     128 x 256 (two MMA warpgroups of 64 x 256) and 128 x 128 tiles are scored by their wave
     count (tiles / SMs, rounded up) times the tile's work divided by its measured MMA
     efficiency; the cheapest wins, so small problems shrink the tile until more SMs have work.
-    M <= 64 takes 64 x 128 tiles (one warpgroup); fp8 takes 128 x 128; short K with many
-    tiles takes the ping-pong schedule. A 2-CTA cluster along M halves B traffic from L2 when there are
-    enough tiles to fill the clusters. The grid is persistent: at most one CTA per SM.
+    M <= 128 takes 64 x 128 tiles (one warpgroup), with a 2-CTA cluster along M sharing B when
+    M > 64; fp8 chooses between 128 x 192 and 128 x 128 the same way as 16-bit; short K with many
+    tiles takes the ping-pong schedule. A 2-CTA cluster along M halves B traffic from L2 when
+    there are enough tiles to fill the clusters. The grid is persistent: at most one CTA per SM.
     """
     def tiles(tm, tn):
         return -(-m // tm) * -(-n // tn) * batch
 
+    efficiency = FP8_TILE_EFFICIENCY if itemsize == 1 else TILE_EFFICIENCY
+
     def cost(shape):
         tm, tn = shape
-        return -(-tiles(tm, tn) // sm_count) * tm * tn / TILE_EFFICIENCY[shape]
+        return -(-tiles(tm, tn) // sm_count) * tm * tn / efficiency[shape]
 
-    if m <= 64:
-        tile_m, tile_n = 64, 128  # one MMA warpgroup: no rows wasted
-    elif itemsize == 1:
-        tile_m, tile_n = 128, 128  # fp8 keeps two fp32 accumulators: 128 columns at most
+    if m <= 128:
+        # One MMA warpgroup per 64 rows: nothing wasted for M <= 64, and for M <= 128 twice the
+        # CTAs of a 128-row tile, in pairs sharing B (measured 341 vs 322 TFLOP/s for 128 x 128
+        # tiles at 128 x 8192 x 8192).
+        tile_m, tile_n = 64, 128
     else:
-        tile_m, tile_n = min([(128, 256), (128, 128)], key=cost)
+        tile_m, tile_n = min(efficiency, key=cost)
     # Short K (<= 1024) makes the epilogue a large share of each tile: the ping-pong schedule
     # hides it (128 x 192 per warpgroup; measured 726 vs 698 TFLOP/s cooperative at
     # 8192 x 8192 x 1024), where there are many waves and N wastes little on 192-wide tiles.
-    pingpong = (itemsize == 2 and m > 64 and k <= 1024 and tiles(128, 192) >= 4 * sm_count
+    pingpong = (itemsize == 2 and m > 128 and k <= 1024 and tiles(128, 192) >= 4 * sm_count
                 and (-n % 192) * 32 <= n)
     if pingpong:
         tile_m, tile_n = 128, 192
-    cluster_m = 2 if tiles(tile_m, tile_n) >= 2 * sm_count and -(-m // tile_m) % 2 == 0 else 1
+    enough = tiles(tile_m, tile_n) >= 2 * sm_count or 64 < m <= 128
+    cluster_m = 2 if enough and -(-m // tile_m) % 2 == 0 else 1
     promote = 4 if itemsize == 1 else 0
     return GemmConfig(tile_m, tile_n, cluster_m, 1, 8, max(1, sm_count // cluster_m),
                       epilogue=epilogue, fp8_promote_every=promote, pingpong=pingpong)

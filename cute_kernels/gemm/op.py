@@ -382,7 +382,7 @@ def compile_configurations(quick: bool = False):
     free = lambda dims: TensorSpec("bfloat16", (Sym(),) * dims, (Sym(),) * dims, 2)  # noqa: E731
     f32 = TensorSpec("float32", (Sym(),), (Sym(),), 4)
     scalars = (ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
-    tiles = [(128, 256, 1), (128, 256, 2), (128, 128, 1), (128, 128, 2), (64, 128, 1)]
+    tiles = [(128, 256, 1), (128, 256, 2), (128, 128, 1), (128, 128, 2), (64, 128, 1), (64, 128, 2)]
     found = []
     for tm, tn, cm in tiles[:2] if quick else tiles:
         for a_major, b_major in (("row", "row"),) if quick else (("row", "row"), ("col", "row"), ("row", "col"), ("col", "col")):
@@ -393,8 +393,8 @@ def compile_configurations(quick: bool = False):
         cfg = GemmConfig(128, 256, max_clusters=132, epilogue=epi)
         found.append((GemmSm90, cfg, (bf16("row"), bf16("row"), out, free(2) if epi.residual else None,
                                       free(1) if epi.bias else None, None, None) + scalars))
-    for tm, cm in ((128, 1), (128, 2), (64, 1)):
-        cfg = GemmConfig(tm, 128, cm, max_clusters=132 // cm, epilogue=Epilogue(row_scale=True, col_scale=True),
+    for tm, tn, cm in ((128, 128, 1), (128, 128, 2), (64, 128, 1), (64, 128, 2), (128, 192, 1), (128, 192, 2)):
+        cfg = GemmConfig(tm, tn, cm, max_clusters=132 // cm, epilogue=Epilogue(row_scale=True, col_scale=True),
                          fp8_promote_every=4)
         found.append((GemmSm90, cfg, (fp8_row, fp8_col, out, None, None, f32, f32) + scalars))
     # Ping-pong configurations that tuned=True may pick (bf16 and fp8).

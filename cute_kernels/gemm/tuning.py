@@ -26,11 +26,13 @@ _memory: dict = {}
 def candidates(base: GemmConfig, m: int, sms: int) -> list[GemmConfig]:
     """The heuristic's choice first, then the other tile / cluster / schedule shapes worth
     timing (ping-pong tiles are per warpgroup: 128 x 192 keeps 192 fp32 accumulators, fp8's
-    128 x 96 two accumulators of 96)."""
+    128 x 96 two accumulators of 96; fp8's widest cooperative tile is 128 x 192)."""
     if m <= 64:
         shapes = [(64, 128, False)]
+    elif m <= 128:
+        shapes = [(64, 128, False), (128, 128, False)]
     elif base.fp8_promote_every:
-        shapes = [(128, 128, False), (128, 96, True)]
+        shapes = [(128, 192, False), (128, 128, False), (128, 96, True)]
     else:
         shapes = [(128, 256, False), (128, 128, False), (128, 192, True)]
     found = [base]
