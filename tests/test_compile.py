@@ -14,9 +14,11 @@ ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 def _id(case):
     kernel, config, specs = case
-    rows = getattr(config, "row", config)
     dtypes = "-".join(s.dtype for s in specs if hasattr(s, "dtype"))
-    flags = "".join(k[0] for k, v in vars(config).items() if v is True)
+    if config is None:
+        return f"{kernel.__name__}-{dtypes}"
+    rows = getattr(config, "row", config)
+    flags = "+".join(k for k, v in vars(config).items() if v is True)
     return f"{kernel.__name__}-n{rows.n}-v{rows.vec}-c{rows.cluster_n}-{flags}-{dtypes}"
 
 
@@ -68,6 +70,8 @@ def test_cross_entropy_configuration_compiles_without_spills(case):
     kernel, config, specs = case
     report = inspect_kernel(kernel, config, specs, arch="sm_90a")
     assert not report.local_memory, f"local memory / spills: {report.summary()}"
+    if config is None:  # the one-CTA count of counted rows
+        return
     if getattr(config, "row", config).cluster_n > 1 and kernel.__name__ == "CrossEntropyFwdSm90":
         assert "st.async.shared::cluster" in report.ptx
 

@@ -98,6 +98,28 @@ def test_all_ignored_and_out_of_range_and_empty():
 
 
 @gpu
+def test_many_rows_incoming_gradient_and_empty_mean():
+    # 2500 rows of 4096 are 1250 row tiles: more than the scaling kernel's capped grid, so its
+    # CTAs loop; the count of counted rows (1 / count on the device) spans many threads' strides.
+    m, v = 2500, 4096
+    x = torch.randn(m, v, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    t = torch.randint(0, v, (m,), device="cuda")
+    t[::3] = -100
+    loss = ck.cross_entropy(x, t)
+    x64 = x.detach().double().requires_grad_()
+    ref = ref_ce(x64, t)
+    assert abs(loss.item() - ref.item()) <= 1e-5 * abs(ref.item())
+    (dx,) = torch.autograd.grad(loss * 2.5, x)
+    (dx_ref,) = torch.autograd.grad(ref * 2.5, x64)
+    (dx_t,) = torch.autograd.grad(F.cross_entropy(x, t) * 2.5, x)
+    torch_err = (dx_t.double() - dx_ref).abs().max().item()
+    assert (dx.double() - dx_ref).abs().max().item() <= 2 * torch_err + 1e-7
+    assert (dx[::3] == 0).all()
+    empty = torch.randn(0, 10, device="cuda", requires_grad=True)
+    assert ck.cross_entropy(empty, torch.zeros(0, dtype=torch.long, device="cuda")).isnan()
+
+
+@gpu
 def test_nan_inf_logits_and_poisoned_outputs():
     x = torch.randn(6, 3000, device="cuda", dtype=torch.bfloat16)
     x[2, 5] = float("nan")

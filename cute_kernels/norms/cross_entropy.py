@@ -7,7 +7,9 @@ Forward, per row with target t (ignored rows: loss 0; a target outside [0, V): l
 with eps the label smoothing and z the lse-square (z-loss) scale. lse is stored for the
 backward. Optionally the forward also writes the gradient (times a scale read from device
 memory, e.g. 1 / number of counted rows), so the logits are read once for loss and gradient;
-the gradient may overwrite the logits.
+the gradient may overwrite the logits. With a scale the stored per-row loss is scaled too, so
+a mean is the plain sum of the stored rows (``InverseCountSm90`` computes 1 / counted rows on
+the device).
 
 When the forward wrote the gradient, the backward only scales it by the incoming gradient
 (``ScaleRowsSm90``, which skips all memory traffic when that is 1).
@@ -56,6 +58,7 @@ class CrossEntropyConfig:
     smoothing: bool  # label smoothing term compiled in
     z_loss: bool  # lse-square term compiled in
     write_grad: bool = False  # forward also writes the gradient
+    scaled: bool = False  # forward: loss (and gradient) times scale[0]
 
 
 def _softmax_sum(a: tuple, b: tuple) -> tuple:
@@ -183,13 +186,15 @@ class CrossEntropyFwdSm90(_CrossEntropyKernel):
             loss = Float32(float("nan"))
         if not counted:
             loss = Float32(0.0)
+        scale = Float32(mScale[0]) if const_expr(cfg.scaled) else Float32(1.0)
         if coords[0][1] == 0 and row < mX.shape[0]:
-            mLoss[row] = loss
+            # Ignored rows store 0 * scale: NaN when no row counts (scale inf), as torch's mean.
+            mLoss[row] = loss * scale if const_expr(cfg.scaled) else loss
             mLse[row] = lse
         if const_expr(cfg.write_grad):
             # softmax = e * exp(shift - lse): reuse e rather than keep x alive for another exp
             p = e * cute.math.exp2((shift - lse) * LOG2_E, fastmath=True)
-            self._gradient(mGrad, coords, pred, tile, p, lse, Float32(mScale[0]), row, target,
+            self._gradient(mGrad, coords, pred, tile, p, lse, scale, row, target,
                            counted, in_range, x_target, smoothing, z_scale)
 
 
@@ -221,22 +226,63 @@ class CrossEntropyBwdSm90(_CrossEntropyKernel):
                        counted, in_range, x_target, smoothing, z_scale)
 
 
+SCALE_ROWS_CTAS = 1024  # grid cap: CTAs loop over row tiles, so a skipped scaling is cheap
+
+
 class ScaleRowsSm90(RowKernel):
     """x[M, N] *= scale[0] in place, unless scale[0] == 1: then every CTA returns at once, so
-    the usual ``loss.backward()`` costs one launch and no memory traffic."""
+    the usual ``loss.backward()`` costs one launch of at most ``SCALE_ROWS_CTAS`` CTAs and no
+    memory traffic."""
 
     @cute.jit
     def __call__(self, mX, mScale, stream):
-        self._launch(self.kernel(mX, mScale), cute.ceil_div(mX.shape[0], self.rows.rows_per_cta), stream)
+        tiles = cute.ceil_div(mX.shape[0], self.rows.rows_per_cta)
+        self._launch(self.kernel(mX, mScale), cutlass.min(tiles, SCALE_ROWS_CTAS), stream)
 
     @cute.kernel
     def kernel(self, mX, mScale):
         scale = Float32(mScale[0])
         if scale != Float32(1.0):
-            tile = self._tile(cute.arch.block_idx()[0])
-            pred = bounds_predicate(self._coords(mX, tile), mX.shape[0], self.rows)
-            tXgX = thread_fragment(mX, make_row_copy(mX.element_type, self.rows), self.rows, tile)
-            tXrX = cute.make_rmem_tensor_like(tXgX)
-            load_fragments(pred, (tXgX, tXrX, None, mX.element_type(0)))
-            tXrX.store((tXrX.load().to(Float32) * scale).to(mX.element_type))
-            store_fragment(tXrX, tXgX, pred)
+            tiles = cute.ceil_div(mX.shape[0], self.rows.rows_per_cta)
+            for tile_m in range(cute.arch.block_idx()[0], tiles, cute.arch.grid_dim()[0]):
+                tile = self._tile(tile_m)
+                pred = bounds_predicate(self._coords(mX, tile), mX.shape[0], self.rows)
+                tXgX = thread_fragment(mX, make_row_copy(mX.element_type, self.rows), self.rows, tile)
+                tXrX = cute.make_rmem_tensor_like(tXgX)
+                load_fragments(pred, (tXgX, tXrX, None, mX.element_type(0)))
+                tXrX.store((tXrX.load().to(Float32) * scale).to(mX.element_type))
+                store_fragment(tXrX, tXgX, pred)
+
+
+COUNT_THREADS = 1024
+
+
+class InverseCountSm90:
+    """scale[0] = 1 / (number of targets != ignore_index), inf when there are none: the mean's
+    divisor, computed on the device by one CTA (no host synchronization)."""
+
+    def __init__(self, config=None):
+        self.config = config
+
+    @cute.jit
+    def __call__(self, mTarget, mScale, ignore_index: Int64, stream):
+        self.kernel(mTarget, mScale, ignore_index).launch(grid=[1, 1, 1], block=[COUNT_THREADS, 1, 1],
+                                                          stream=stream)
+
+    @cute.kernel
+    def kernel(self, mTarget, mScale, ignore_index: Int64):
+        tidx, _, _ = cute.arch.thread_idx()
+        smem = cutlass.memory.SmemAllocator()
+        partials = smem.allocate_tensor(Float32, cute.make_layout(COUNT_THREADS // 32), byte_alignment=16)
+        count = Float32(0.0)
+        for i in range(tidx, mTarget.shape[0], COUNT_THREADS):
+            count += cutlass.select_(Int64(mTarget[i]) != ignore_index, Float32(1.0), Float32(0.0))
+        (count,) = shuffle_combine((count,), add, 32)
+        warp, lane = cute.arch.warp_idx(), cute.arch.lane_idx()
+        if lane == 0:
+            partials[warp] = count
+        cute.arch.barrier()
+        if warp == 0:
+            (total,) = shuffle_combine((partials[lane],), add, 32)
+            if lane == 0:
+                mScale[0] = Float32(1.0) / total

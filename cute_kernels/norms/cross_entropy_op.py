@@ -6,10 +6,12 @@ import dataclasses
 
 import torch
 
-from ..runtime import DTypeError, ScalarSpec, Sym, TensorSpec, UnsupportedError, kernel_op
+from ..runtime import (DTypeError, ScalarSpec, StreamSpec, Sym, TensorSpec, UnsupportedError, get_kernel,
+                       kernel_op)
 from ..runtime.errors import check_tensor, describe
 from .config import row_config
-from .cross_entropy import CrossEntropyBwdSm90, CrossEntropyConfig, CrossEntropyFwdSm90, ScaleRowsSm90
+from .cross_entropy import (CrossEntropyBwdSm90, CrossEntropyConfig, CrossEntropyFwdSm90,
+                            InverseCountSm90, ScaleRowsSm90)
 from .dispatch import RowKernels, row_specs, vector_width, widest_itemsize
 from ..gemm.config import Epilogue, GemmConfig
 from ..gemm.op import gemm_with_config
@@ -30,15 +32,15 @@ def _target_spec(dtype):
 
 
 def _build_forward(key, vec):
-    x_t, target_t, grad_t, smoothing, z_loss, n = key
+    x_t, target_t, grad_t, smoothing, z_loss, scaled, n = key
     rows = row_config(n, vec, widest_itemsize((x_t, grad_t)), tensors_held=1)
     # Direct loads, so the target's dependent scalar loads overlap the row's.
     rows = dataclasses.replace(rows, stage_smem=False)
-    config = CrossEntropyConfig(rows, smoothing, z_loss, grad_t is not None)
+    config = CrossEntropyConfig(rows, smoothing, z_loss, grad_t is not None, scaled)
     x = row_specs((x_t,), n, vec)
     grad = None if grad_t is None else row_specs((grad_t,), n, vec)[0]
     specs = (x[0], _target_spec(target_t), _ROW_STAT, _ROW_STAT, grad,
-             None if grad_t is None else _SCALE, ScalarSpec("int64"), ScalarSpec("float32"),
+             _SCALE if scaled else None, ScalarSpec("int64"), ScalarSpec("float32"),
              ScalarSpec("float32"), x[-1])
     return CrossEntropyFwdSm90, config, specs
 
@@ -65,6 +67,20 @@ _backward_kernels = RowKernels(_build_backward)
 _scale_kernels = RowKernels(_build_scale)
 
 
+_count_kernels: dict = {}
+
+
+@kernel_op("inverse_count", mutates_args=("scale",))
+def inverse_count(target: torch.Tensor, scale: torch.Tensor, ignore_index: int) -> None:
+    """scale[0] = 1 / (number of entries of the 1-D ``target`` other than ``ignore_index``),
+    inf when there are none; on the device, no synchronization."""
+    fn = _count_kernels.get(target.dtype)
+    if fn is None:
+        specs = (_target_spec(target.dtype), _SCALE, ScalarSpec("int64"), StreamSpec())
+        fn = _count_kernels[target.dtype] = get_kernel(InverseCountSm90, None, specs)
+    fn(target, scale, ignore_index)
+
+
 @kernel_op("scale_rows", mutates_args=("x",))
 def scale_rows(x: torch.Tensor, scale: torch.Tensor) -> None:
     """x[M, N] *= scale (a 1-element fp32 tensor), in place; nothing moves when scale is 1."""
@@ -79,10 +95,11 @@ def scale_rows(x: torch.Tensor, scale: torch.Tensor) -> None:
 )
 def cross_entropy_fwd(logits, target, loss, lse, grad, grad_scale, ignore_index: int,
                       label_smoothing: float, lse_square_scale: float) -> None:
-    """Per-row loss and lse of (M, V) logits; with ``grad``, also grad_scale[0] * dloss/dlogits
-    (``grad`` may be ``logits`` itself). M >= 1."""
+    """Per-row loss and lse of (M, V) logits; with ``grad``, also dloss/dlogits (``grad`` may be
+    ``logits`` itself). With ``grad_scale``, the loss and gradient rows are times grad_scale[0].
+    M >= 1."""
     key = (logits.dtype, target.dtype, None if grad is None else grad.dtype, label_smoothing > 0,
-           lse_square_scale > 0, logits.shape[1])
+           lse_square_scale > 0, grad_scale is not None, logits.shape[1])
     tensors = (logits,) if grad is None or grad is logits else (logits, grad)
     _forward_kernels(key, tensors, logits, target, loss, lse, grad, grad_scale, ignore_index,
                      label_smoothing, lse_square_scale)
@@ -125,24 +142,19 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
-def _reduce(loss_rows, target_rows, ignore_index, reduction, target_shape, scale=None):
-    """The loss for ``reduction``; ``scale`` (1 / counted rows, when the forward already has it)
-    saves recounting for "mean"."""
-    if reduction == "none":
-        return loss_rows.view(target_shape)
-    total = loss_rows.sum()
-    if reduction == "sum":
-        return total
-    if scale is not None:
-        return (total * scale).reshape(())  # inf * 0 = NaN when all are ignored, as torch
-    return total / (target_rows != ignore_index).sum()  # 0 / 0 = NaN when all are ignored, as torch
+def _mean_scale(t2: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """(1,) fp32: 1 / the number of counted targets (inf when none), computed on the device."""
+    scale = torch.empty(1, dtype=torch.float32, device=t2.device)
+    inverse_count(t2, scale, ignore_index)
+    return scale
 
 
 class _CrossEntropy(torch.autograd.Function):
     """With reduction "mean" or "sum" and a gradient needed, the forward writes the gradient
     (for an incoming gradient of 1) while it reads the logits, and the backward only scales it:
     the logits are read once in all. With reduction "none" the backward recomputes the gradient
-    from the logits and the stored lse."""
+    from the logits and the stored lse. For "mean" the kernel stores each row's loss already
+    divided by the number of counted rows, so the loss is the sum of the rows."""
 
     @staticmethod
     def forward(ctx, logits, target, ignore_index, smoothing, reduction, z, inplace):
@@ -151,13 +163,8 @@ class _CrossEntropy(torch.autograd.Function):
         loss_rows = torch.empty(m, dtype=torch.float32, device=logits.device)
         lse = torch.empty(m, dtype=torch.float32, device=logits.device)
         fused = reduction != "none" and any(ctx.needs_input_grad)
-        grad = scale = None
-        if fused:
-            grad = x2 if inplace else torch.empty_like(x2)
-            if reduction == "mean":
-                scale = (1.0 / (t2 != ignore_index).sum().float()).reshape(1)
-            else:
-                scale = torch.ones(1, dtype=torch.float32, device=logits.device)
+        grad = (x2 if inplace else torch.empty_like(x2)) if fused else None
+        scale = _mean_scale(t2, ignore_index) if reduction == "mean" else None
         if m:
             cross_entropy_fwd(x2, t2, loss_rows, lse, grad, scale, ignore_index, smoothing, z)
         ctx.args = (ignore_index, smoothing, reduction, z, fused, logits.shape)
@@ -165,7 +172,11 @@ class _CrossEntropy(torch.autograd.Function):
             ctx.save_for_backward(grad)
         else:
             ctx.save_for_backward(x2, t2, lse)
-        return _reduce(loss_rows, t2, ignore_index, reduction, target.shape, scale)
+        if reduction == "none":
+            return loss_rows.view(target.shape)
+        if m == 0 and scale is not None:
+            return (loss_rows.sum() * scale).reshape(())  # 0 * inf = NaN: the mean of nothing, as torch
+        return loss_rows.sum()
 
     @staticmethod
     def backward(ctx, dloss):
@@ -288,8 +299,8 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         grads = need_h or need_w or need_b
         loss_rows = torch.empty(tokens, dtype=torch.float32, device=device)
         lse = torch.empty(tokens, dtype=torch.float32, device=device)
-        counted = (t2 != ignore_index).sum()
-        scale = (1.0 / counted.float()).reshape(1) if reduction == "mean" else torch.ones(1, device=device)
+        scale = (_mean_scale(t2, ignore_index) if reduction == "mean"
+                 else torch.ones(1, dtype=torch.float32, device=device))
         # Without label smoothing the weight gradient comes from a second pass over vocabulary
         # slices (see ``fused_linear_cross_entropy``); otherwise it accumulates chunk by chunk.
         by_slices = (need_w and smoothing == 0.0 and tokens > 0 and hidden.dtype != torch.float32
@@ -320,8 +331,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             else:
                 torch.addmm(bias, h, w_t, out=logits)
             cross_entropy_fwd(logits, t2[start:end], loss_rows[start:end], lse[start:end],
-                              logits if grads else None, scale if grads else None, ignore_index,
-                              smoothing, 0.0)
+                              logits if grads else None, scale, ignore_index, smoothing, 0.0)
             if need_h:
                 torch.mm(logits, weight, out=grad_h[start:end])
             if need_w and not by_slices:
@@ -334,8 +344,8 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
                                    min(chunk, tokens) * vocab, logits_config)
         ctx.save_for_backward(grad_h, grad_w, grad_b)
         ctx.shapes = (hidden.shape, None if bias is None else bias.dtype)
-        total = loss_rows.sum()
-        return total / counted if reduction == "mean" else total
+        total = loss_rows.sum()  # rows already divided by the counted rows for "mean"
+        return (total * scale).reshape(()) if tokens == 0 else total  # an empty mean is NaN
 
     @staticmethod
     def backward(ctx, dloss):
@@ -422,11 +432,13 @@ def compile_configurations(quick: bool = False):
             vec = vector_width(n, widest_itemsize((x_t,)), 0)
             found[("scale", x_t, n)] = _build_scale((x_t, n), vec)
             for smoothing, z in ((False, False), (True, True)):
-                for grad_t in (None, x_t):
-                    key = (x_t, torch.int64, grad_t, smoothing, z, n)
+                for grad_t, scaled in ((None, False), (None, True), (x_t, False), (x_t, True)):
+                    key = (x_t, torch.int64, grad_t, smoothing, z, scaled, n)
                     found[("fwd",) + key] = _build_forward(key, vec)
                 key = (x_t, torch.int64, x_t, smoothing, z, n)
                 found[("bwd",) + key] = _build_backward(key, vec)
+    for t in (torch.int64, torch.int32):
+        found[("count", t)] = (InverseCountSm90, None, (_target_spec(t), _SCALE, ScalarSpec("int64"), StreamSpec()))
     return list(found.values())
 
 
