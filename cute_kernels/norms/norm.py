@@ -57,6 +57,9 @@ class NormConfig:
     bias: bool
     residual: bool  # forward: add a residual and store the sum; backward: add its gradient
     weight_grad: bool = False  # backward: write dw partials (bias: write db partials)
+    # Forward: load the weight and bias after the row reductions instead of before them, so
+    # they are not held in registers across the reductions.
+    late_affine: bool = False
 
 
 def _add2(a: tuple, b: tuple) -> tuple:
@@ -112,9 +115,12 @@ class NormFwdSm90(_NormKernel):
                 tXsR = stage_view(stage_buffer(smem, mR.element_type, rows), make_row_copy(mR.element_type, rows), 0)
             loads.append((tXgR, tXrR, tXsR, mR.element_type(0)))
         load_fragments(pred, *loads)
-        # Weight and bias loads go out before the reductions so their latency hides behind them.
-        w = self._load_vector(mW, tile) if const_expr(cfg.weight) else None
-        b = self._load_vector(mB, tile) if const_expr(cfg.bias) else None
+        # Weight and bias loads go out before the reductions so their latency hides behind them
+        # (unless ``late_affine``).
+        w = b = None
+        if const_expr(not cfg.late_affine):
+            w = self._load_vector(mW, tile) if const_expr(cfg.weight) else None
+            b = self._load_vector(mB, tile) if const_expr(cfg.bias) else None
         h = tXrX.load().to(Float32)
         if const_expr(cfg.residual):
             h = h + tXrR.load().to(Float32)
@@ -145,6 +151,9 @@ class NormFwdSm90(_NormKernel):
             padding = rows.cols_per_cta * rows.cluster_n - rows.n
             squares = squares - padding * mean * mean
         rstd = cute.math.rsqrt(squares * inv_n + eps, fastmath=True)
+        if const_expr(cfg.late_affine):
+            w = self._load_vector(mW, tile) if const_expr(cfg.weight) else None
+            b = self._load_vector(mB, tile) if const_expr(cfg.bias) else None
         y = h * rstd
         if const_expr(cfg.weight):
             y = y * w

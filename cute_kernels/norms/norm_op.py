@@ -34,7 +34,12 @@ def _build_forward(key, vec):
     held = 1 + sum(t is not None for t in (r_t, w_t, b_t))
     if (widest >= 4 and held > 1) or rows.elems_per_thread * held > 256:
         rows = row_config(n, vec, widest, tensors_held=held)
-    config = NormConfig(rows, layer_norm, w_t is not None, b_t is not None, r_t is not None)
+    # A row split over a cluster holds one CTA per SM when the weight and bias stay in
+    # registers across the reduction (over 128 values per thread): load them after it instead,
+    # so two CTAs fit (LayerNorm at 4096 x 131072: 1841 -> 2423 GB/s, benchmarks/NOTES.md).
+    late = rows.cluster_n > 1 and held > 1 and rows.elems_per_thread * held > 128
+    config = NormConfig(rows, layer_norm, w_t is not None, b_t is not None, r_t is not None,
+                        late_affine=late)
     x, r, y, h = (None if d is None else row_specs((d,), n, vec)[0] for d in (x_t, r_t, y_t, h_t))
     specs = (x, r, _vector_spec(w_t, n, vec), _vector_spec(b_t, n, vec), y, h, _STAT,
              _STAT if layer_norm else None, ScalarSpec("float32"), row_specs((), n, vec)[-1])

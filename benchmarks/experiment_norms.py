@@ -1,0 +1,67 @@
+"""Time the LayerNorm / RMSNorm forward kernel (weight and bias) under different row splits,
+side by side in one run (L2-cold inputs, interleaved rounds).
+
+    python benchmarks/experiment_norms.py [--shapes MxN,...] [--held 1,3,1l] [--rms]
+
+``--held H`` builds the row split as if each thread kept H row-sized fragments in registers
+(``row_config(..., tensors_held=H)``): more held fragments split the row over more threads.
+A trailing ``l`` loads the weight and bias after the row reductions (``late_affine``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import bench_many, gbps, make_input_sets  # noqa: E402
+
+from cute_kernels.norms.config import row_config  # noqa: E402
+from cute_kernels.norms.norm import NormConfig, NormFwdSm90  # noqa: E402
+from cute_kernels.norms.norm_op import _build_forward  # noqa: E402
+from cute_kernels.runtime import get_kernel  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shapes", default="4096x65536,4096x131072")
+    parser.add_argument("--held", default="1,3,1l")
+    parser.add_argument("--rms", action="store_true", help="RMSNorm with a weight (default LayerNorm, weight and bias)")
+    args = parser.parse_args()
+    dt = torch.bfloat16
+    layer_norm = not args.rms
+    for shape in args.shapes.split(","):
+        m, n = (int(v) for v in shape.split("x"))
+        sets = make_input_sets(lambda: (torch.randn(m, n, device="cuda", dtype=dt),), m * n * 2)
+        w = torch.randn(n, device="cuda", dtype=dt)
+        b = torch.randn(n, device="cuda", dtype=dt) if layer_norm else None
+        y = torch.empty(m, n, device="cuda", dtype=dt)
+        rstd, mean = torch.empty(m, device="cuda"), torch.empty(m, device="cuda")
+        key = (dt, None, dt, b if b is None else dt, dt, None, layer_norm, n)
+        _, config, specs = _build_forward(key, 8)
+        x0 = sets[0][0]
+        ref = (torch.nn.functional.layer_norm(x0.float(), (n,), w.float(), b.float(), 1e-5) if layer_norm
+               else torch.nn.functional.rms_norm(x0.float(), (n,), w.float(), 1e-5))
+        fns = {}
+        for text in args.held.split(","):
+            held, late = int(text.rstrip("l")), text.endswith("l")
+            rows = row_config(n, 8, 2, tensors_held=held)
+            config = NormConfig(rows, layer_norm, True, layer_norm, False, late_affine=late)
+            kernel = get_kernel(NormFwdSm90, config, specs)
+
+            def run(x, kernel=kernel):
+                kernel(x, None, w, b, y, None, rstd, mean if layer_norm else None, 1e-5)
+            run(x0)
+            err = (y.float() - ref).abs().max().item()
+            print(f"{shape} held={text} cluster={rows.cluster_n} elems/thread={rows.elems_per_thread}: "
+                  f"max err {err:.3f}", flush=True)
+            fns[f"held{text}/c{rows.cluster_n}"] = run
+        ms = bench_many(fns, sets)
+        print(f"{shape} GB/s:", {k: round(gbps(2 * m * n * 2, t)) for k, t in ms.items()}, flush=True)
+
+
+if __name__ == "__main__":
+    main()
