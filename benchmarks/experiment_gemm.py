@@ -2,7 +2,8 @@
 
     python benchmarks/experiment_gemm.py [--shapes MxNxK,...] [--configs TMxTNxWGxCM[xEPINxEPISTAGES][p],...] [--fp8 [--promote N]]
 
-A trailing ``p`` selects the ping-pong schedule (TM = 64: rows per warpgroup tile).
+A trailing ``p`` selects the ping-pong schedule (TM = 64: rows per warpgroup tile); a trailing
+``s`` (fp8) the column-split promotion (``GemmConfig.fp8_split_n``).
 Every configuration runs persistent (one CTA per SM at most). Each result is checked against
 cuBLAS before it is timed.
 """
@@ -56,12 +57,12 @@ def main():
                else torch.matmul(a0[0], b0[0])).float()
         fns = {}
         for text in args.configs.split(","):
-            pingpong = text.endswith("p")
-            tm, tn, wg, cm, *epi_opts = (int(v) for v in text.rstrip("p").split("x"))
+            pingpong, split = text.endswith("p"), text.endswith("s")
+            tm, tn, wg, cm, *epi_opts = (int(v) for v in text.rstrip("ps").split("x"))
             epi_n, epi_stages = epi_opts or (32, 4)
             epi = Epilogue(row_scale=True, col_scale=True) if args.fp8 else Epilogue()
             cfg = GemmConfig(tm, tn, cm, 1, 8, sms // cm, epilogue=epi, warpgroups=wg,
-                             fp8_promote_every=args.promote if args.fp8 else 0, epi_n=epi_n, epi_stages=epi_stages,
+                             fp8_promote_every=args.promote if args.fp8 else 0, fp8_split_n=split, epi_n=epi_n, epi_stages=epi_stages,
                              pingpong=pingpong)
             specs = (_operand_spec(a0), _operand_spec(b0), _operand_spec(d), None, None,
                      _free_spec(sa), _free_spec(sb), ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
@@ -77,7 +78,7 @@ def main():
             run(a0, b0)
             err = ((d[0].float() - ref).abs().max() / ref.abs().max()).item()
             print(f"{m}x{n}x{k} {tm}x{tn} wg{wg} c{cm}: rel err vs cuBLAS {err:.2e}")
-            fns[f"{tm}x{tn}w{wg}c{cm}{'p' if pingpong else ''}"] = run
+            fns[f"{tm}x{tn}w{wg}c{cm}{'p' if pingpong else ''}{'s' if split else ''}"] = run
         if args.fp8:
             scale = one[0]
             fns["cublas"] = lambda a, b: torch._scaled_mm(a[0], b[0], scale, scale, out_dtype=torch.bfloat16)

@@ -48,8 +48,10 @@ def test_heuristic_fills_the_machine():
     assert choose_config(64, 8192, 8192, 1, 2, 132).cluster_m == 1  # one row of tiles
     big = choose_config(8192, 8192, 8192, 1, 2, 132)
     assert big.max_clusters * big.cluster_m <= 132
-    assert choose_config(4096, 4096, 4096, 1, 1, 132).tile_n == 128  # fp8: two accumulators
-    assert choose_config(8192, 8192, 8192, 1, 1, 132).tile_n == 192
+    fp8 = choose_config(4096, 4096, 4096, 1, 1, 132)
+    assert (fp8.tile_n, fp8.fp8_split_n, fp8.fp8_promote_every) == (256, True, 1)  # per column half
+    small = choose_config(512, 512, 4096, 1, 1, 132)
+    assert (small.tile_n, small.fp8_split_n, small.fp8_promote_every) == (128, False, 4)
     assert choose_config(8192, 8192, 1024, 1, 2, 132).pingpong  # short K: epilogue hidden
     assert not choose_config(4096, 4096, 4096, 1, 2, 132).pingpong
 
@@ -63,7 +65,7 @@ def test_tuning_candidates():
     assert any(c.pingpong for c in found)
     assert all(c.max_clusters * c.cluster_m <= 132 for c in found)
     fp8 = choose_config(4096, 4096, 4096, 1, 1, 132)
-    assert all(c.tile_n <= 192 for c in candidates(fp8, 4096, 132))  # two fp32 accumulators
+    assert all(c.fp8_split_n == (c.tile_n == 256) for c in candidates(fp8, 4096, 132))
     assert {c.tile_m for c in candidates(choose_config(128, 512, 512, 1, 2, 132), 128, 132)} == {64, 128}
     assert all(c.tile_m == 64 for c in candidates(choose_config(64, 512, 512, 1, 2, 132), 64, 132))
 
@@ -91,6 +93,34 @@ def test_pingpong_schedule(tile):
     get_kernel(GemmSm90, cfg, specs)(a, b, d, c, bias, None, None, 0.5, 0.25)
     z = 0.5 * ref_mm(a, b) + 0.25 * c.double() + bias.double()
     check(d, a, b, extra=F.gelu(z, approximate="tanh"))
+
+
+@gpu
+@pytest.mark.parametrize("cluster_m", [1, 2])
+def test_fp8_column_split_promotion(cluster_m):
+    # 128 x 256 tiles folding per column half: ragged M, N and K, per-row / per-column scales, a
+    # poisoned output, several tiles per CTA; checked like the 128 x 128 kernel next to it.
+    from cute_kernels.gemm.config import Epilogue, GemmConfig
+    from cute_kernels.gemm.kernel_sm90 import GemmSm90
+    from cute_kernels.gemm.op import _free_spec, _operand_spec
+    from cute_kernels.runtime import ScalarSpec, StreamSpec, get_kernel
+
+    m, n, k = 1000, 2896, 1040
+    a = (torch.randn(m, k, device="cuda") * 0.5).to(torch.float8_e4m3fn)
+    b = (torch.randn(n, k, device="cuda") * 0.5).to(torch.float8_e4m3fn).t()
+    sa, sb = torch.rand(m, device="cuda") + 0.5, torch.rand(n, device="cuda") + 0.5
+    epi = Epilogue(row_scale=True, col_scale=True)
+    specs = (_operand_spec(a), _operand_spec(b), _operand_spec(torch.empty(m, n, device="cuda", dtype=torch.bfloat16)),
+             None, None, _free_spec(sa), _free_spec(sb), ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
+    outs = []
+    for cfg in (GemmConfig(128, 256, cluster_m, max_clusters=16, epilogue=epi, fp8_promote_every=1, fp8_split_n=True),
+                GemmConfig(128, 128, 1, max_clusters=16, epilogue=epi, fp8_promote_every=4)):
+        d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        get_kernel(GemmSm90, cfg, specs)(a, b, d, None, None, sa, sb, 1.0, 0.0)
+        outs.append(d)
+    ref = (a.double() @ b.double()) * sa.double().reshape(-1, 1) * sb.double()
+    for d in outs:
+        assert (d.double() - ref).abs().max().item() <= 1e-2 * ref.abs().max().item()
 
 
 @gpu

@@ -35,6 +35,9 @@ class GemmConfig:
     max_clusters: int = 1 << 30
     epilogue: Epilogue = Epilogue()
     fp8_promote_every: int = 0  # fp8: fold the MMA accumulator into fp32 every this many k-tiles
+    # fp8: the MMA accumulator covers half the tile's columns and is folded after each half of
+    # every k-tile (a promotion every 128 values of K), so a 128 x 256 tile fits the registers.
+    fp8_split_n: bool = False
     warpgroups: int = 0  # MMA warpgroups: 0 = one per 64 rows of the tile (two for ping-pong)
     # Ping-pong: two MMA warpgroups take alternate tiles (tile_m = 64 rows each); one runs its
     # mainloop while the other runs its epilogue, so the tensor cores never wait for stores.
@@ -54,9 +57,10 @@ class GemmConfig:
 # Relative MMA throughput of each tile shape at large K (measured on H100, 4096^3 bf16:
 # 749 / 503 TFLOP/s, benchmarks/NOTES.md). The smaller tile wins only by filling more SMs.
 TILE_EFFICIENCY = {(128, 256): 1.0, (128, 128): 0.7}
-# fp8 keeps two fp32 accumulators, so 128 x 192 is its widest tile (measured 1052 vs 910
-# TFLOP/s for 128 x 128 at 8192^3, 995 vs 1027 at 4096^3 where 192 wastes a third of a wave).
-FP8_TILE_EFFICIENCY = {(128, 192): 1.0, (128, 128): 0.9}
+# fp8 keeps a second fp32 accumulator for the promotion: 128 x 256 fits only with the
+# column-split promotion (measured 1152 / 1176 vs 1018 / 902 TFLOP/s for 128 x 128 at 4096^3 /
+# 8192^3, benchmarks/NOTES.md).
+FP8_TILE_EFFICIENCY = {(128, 256): 1.0, (128, 128): 0.85}
 
 
 def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: int,
@@ -67,8 +71,8 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
     count (tiles / SMs, rounded up) times the tile's work divided by its measured MMA
     efficiency; the cheapest wins, so small problems shrink the tile until more SMs have work.
     M <= 128 takes 64 x 128 tiles (one warpgroup), with a 2-CTA cluster along M sharing B when
-    M > 64; fp8 chooses between 128 x 192 and 128 x 128 the same way as 16-bit; short K with many
-    tiles takes the ping-pong schedule. A 2-CTA cluster along M halves B traffic from L2 when
+    M > 64; fp8 chooses between 128 x 256 (column-split promotion) and 128 x 128 the same way as
+    16-bit; short K with many tiles takes the ping-pong schedule. A 2-CTA cluster along M halves B traffic from L2 when
     there are enough tiles to fill the clusters. The grid is persistent: at most one CTA per SM.
     """
     def tiles(tm, tn):
@@ -94,8 +98,12 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
                 and (-n % 192) * 32 <= n)
     if pingpong:
         tile_m, tile_n = 128, 192
+    # fp8 at 128 x 256 folds after each column half of every k-tile; measured a little faster
+    # without the cluster (1176 vs 1134 at 8192^3).
+    split = itemsize == 1 and tile_n == 256
     enough = tiles(tile_m, tile_n) >= 2 * sm_count or 64 < m <= 128
-    cluster_m = 2 if enough and -(-m // tile_m) % 2 == 0 else 1
-    promote = 4 if itemsize == 1 else 0
+    cluster_m = 2 if enough and not split and -(-m // tile_m) % 2 == 0 else 1
+    promote = (1 if split else 4) if itemsize == 1 else 0
     return GemmConfig(tile_m, tile_n, cluster_m, 1, 8, max(1, sm_count // cluster_m),
-                      epilogue=epilogue, fp8_promote_every=promote, pingpong=pingpong)
+                      epilogue=epilogue, fp8_promote_every=promote, fp8_split_n=split,
+                      pingpong=pingpong)

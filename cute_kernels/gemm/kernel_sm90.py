@@ -16,8 +16,10 @@ Design:
     dtype, staged through shared memory (stmatrix) and written by TMA store in 32-column
     sub-tiles.
   - fp8 (e4m3 / e5m2): MMA results are folded into a separate fp32 accumulator every
-    ``fp8_promote_every`` k-tiles, so long K keeps fp32 accuracy; per-row / per-column scales
-    are applied in the epilogue.
+    ``fp8_promote_every`` k-tiles, so long K keeps fp32 accuracy; with ``fp8_split_n`` the MMA
+    accumulator covers one column half of the tile and is folded after each half of every
+    k-tile (so 128 x 256 tiles fit: 128 + 64 fp32 values per thread); per-row / per-column
+    scales are applied in the epilogue.
 
 Tensors arrive in torch order: A (L, M, K), B (L, K, N), D and C (L, M, N), or without the L mode
 for one problem; any of them may be row- or column-major in its last two dims (transposed views
@@ -29,6 +31,7 @@ Constraints:
   - tile M 64 / 128, tile N a multiple of 16 up to 256; clusters of at most 2 x 2
   - ping-pong: two MMA warpgroups, each holding a whole tile's accumulators (at most 192 fp32
     values per thread, two fp32 accumulators for fp8)
+  - ``fp8_split_n``: fp8, cooperative schedule, tile N a multiple of 32
 """
 
 from __future__ import annotations
@@ -62,6 +65,8 @@ class GemmSm90:
     """See the module docstring. ``__init__`` takes only the compile-time configuration."""
 
     def __init__(self, config: GemmConfig):
+        if config.fp8_split_n and (config.pingpong or config.fp8_promote_every < 1 or config.tile_n % 32):
+            raise ValueError(f"fp8_split_n needs the cooperative schedule, fp8 promotion and tile N % 32 == 0: {config}")
         self.config = config
         self.cluster_mn = (config.cluster_m, config.cluster_n)
         self.num_mma_wg = config.mma_warpgroups
@@ -83,7 +88,7 @@ class GemmSm90:
         self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.a_dtype, self.b_dtype, self.a_layout.sm90_mma_major_mode(),
             self.b_layout.sm90_mma_major_mode(), Float32, self.atom_layout_mnk,
-            tiler_mn=(64, cfg.tile_n),
+            tiler_mn=(64, cfg.tile_n // 2 if cfg.fp8_split_n else cfg.tile_n),
         )
         mma_k = cute.size(self.tiled_mma.shape_mnk, mode=[2])
         self.tile_mnk = (cfg.tile_m, cfg.tile_n, mma_k * 4)
@@ -265,8 +270,13 @@ class GemmSm90:
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         acc = cute.make_rmem_tensor(thr_mma.partition_C(gD).shape[:3], Float32)
         promote = const_expr(cfg.fp8_promote_every)
+        split = const_expr(cfg.fp8_split_n)
         mma_acc = acc
-        if const_expr(promote > 0):
+        if const_expr(split):  # one column half: (V, 1, 1)
+            half_tile = cute.make_identity_tensor((64 * self.tile_wgs, cfg.tile_n // 2))
+            mma_acc = cute.make_rmem_tensor(thr_mma.partition_C(half_tile).shape, Float32)
+            tCrB_halves = cute.logical_divide(tCrB, (None, 1))  # mode 1: (1, 2)
+        elif const_expr(promote > 0):
             mma_acc = cute.make_rmem_tensor(acc.shape, Float32)
         k_blocks = cute.size(tCrA, mode=[2])
 
@@ -325,36 +335,55 @@ class GemmSm90:
             read.reset_count()
             release.reset_count()
             acc.fill(0.0)
-            if const_expr(promote > 0):
+            if const_expr(promote > 0 and not split):
                 mma_acc.fill(0.0)
             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
             cute.nvgpu.warpgroup.fence()
-            # The pipeline states are advanced here, in this loop's own body, so they are
-            # carried from tile to tile. One wgmma batch stays in flight; a stage is released
-            # once the batch after it has been issued. fp8 folds the MMA accumulator into the
-            # fp32 one after every window of ``promote`` k-tiles (one window without fp8).
-            window = promote if const_expr(promote > 0) else k_tiles
-            for k0 in range(0, k_tiles, window):
-                for k in range(k0, cutlass.min(k0 + window, k_tiles)):
+            if const_expr(split):
+                # Per k-tile and column half: the MMAs into the half's tensor-core accumulator
+                # (the first overwrites it), a wait for them, a fold into the fp32 accumulator.
+                for k in range(k_tiles):
                     mainloop.consumer_wait(read)
-                    for kb in cutlass.range_constexpr(k_blocks):
-                        cute.gemm(tiled_mma, mma_acc, tCrA[(None, None, kb, read.index)],
-                                  tCrB[(None, None, kb, read.index)], mma_acc)
-                    cute.nvgpu.warpgroup.commit_group()
-                    cute.nvgpu.warpgroup.wait_group(1)
-                    if k > 0:
-                        mainloop.consumer_release(release)
-                        release.advance()
+                    for h in cutlass.range_constexpr(2):
+                        for kb in cutlass.range_constexpr(k_blocks):
+                            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, kb > 0)
+                            cute.gemm(tiled_mma, mma_acc, tCrA[(None, None, kb, read.index)],
+                                      tCrB_halves[(None, (None, h), kb, read.index)], mma_acc)
+                        cute.nvgpu.warpgroup.commit_group()
+                        cute.nvgpu.warpgroup.wait_group(0)
+                        acc_h = acc[(None, 0, h)]
+                        acc_h.store(acc_h.load() + mma_acc[(None, 0, 0)].load())
+                        cute.nvgpu.warpgroup.fence()
+                    mainloop.consumer_release(release)
+                    release.advance()
                     read.advance()
-                if const_expr(promote > 0):
-                    cute.nvgpu.warpgroup.wait_group(0)
-                    acc.store(acc.load() + mma_acc.load())
-                    mma_acc.fill(0.0)
-                    cute.nvgpu.warpgroup.fence()
-            cute.nvgpu.warpgroup.wait_group(0)
-            if k_tiles > 0:
-                mainloop.consumer_release(release)
-                release.advance()
+            else:
+                # The pipeline states are advanced here, in this loop's own body, so they are
+                # carried from tile to tile. One wgmma batch stays in flight; a stage is released
+                # once the batch after it has been issued. fp8 folds the MMA accumulator into the
+                # fp32 one after every window of ``promote`` k-tiles (one window without fp8).
+                window = promote if const_expr(promote > 0) else k_tiles
+                for k0 in range(0, k_tiles, window):
+                    for k in range(k0, cutlass.min(k0 + window, k_tiles)):
+                        mainloop.consumer_wait(read)
+                        for kb in cutlass.range_constexpr(k_blocks):
+                            cute.gemm(tiled_mma, mma_acc, tCrA[(None, None, kb, read.index)],
+                                      tCrB[(None, None, kb, read.index)], mma_acc)
+                        cute.nvgpu.warpgroup.commit_group()
+                        cute.nvgpu.warpgroup.wait_group(1)
+                        if k > 0:
+                            mainloop.consumer_release(release)
+                            release.advance()
+                        read.advance()
+                    if const_expr(promote > 0):
+                        cute.nvgpu.warpgroup.wait_group(0)
+                        acc.store(acc.load() + mma_acc.load())
+                        mma_acc.fill(0.0)
+                        cute.nvgpu.warpgroup.fence()
+                cute.nvgpu.warpgroup.wait_group(0)
+                if k_tiles > 0:
+                    mainloop.consumer_release(release)
+                    release.advance()
             if const_expr(self.pingpong):
                 if t + step < total:  # the other warpgroup has a next tile: its turn
                     cute.arch.barrier_arrive(barrier_id=3 + wg, number_of_threads=256)

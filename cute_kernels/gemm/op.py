@@ -345,8 +345,8 @@ def gemm_fp8(a, b, scale_a, scale_b, *, out_dtype=torch.bfloat16, bias=None, tun
 
     ``scale_a``: fp32 scalar tensor (per tensor) or (M,) (per row of a); ``scale_b``: scalar or
     (N,) (per column of b). Accumulation keeps fp32 accuracy: the tensor-core accumulator is
-    folded into a second fp32 accumulator every 4 k-tiles (512 values of K). ``tuned`` as in
-    ``gemm``.
+    folded into a second fp32 accumulator every 128 values of K with 128 x 256 tiles (one column
+    half at a time), every 512 with the smaller tiles. ``tuned`` as in ``gemm``.
 
     Constraints:
       - a K-major (row-major (M, K)) and b K-major (column-major (K, N), i.e. ``w.t()`` of a
@@ -393,9 +393,9 @@ def compile_configurations(quick: bool = False):
         cfg = GemmConfig(128, 256, max_clusters=132, epilogue=epi)
         found.append((GemmSm90, cfg, (bf16("row"), bf16("row"), out, free(2) if epi.residual else None,
                                       free(1) if epi.bias else None, None, None) + scalars))
-    for tm, tn, cm in ((128, 128, 1), (128, 128, 2), (64, 128, 1), (64, 128, 2), (128, 192, 1), (128, 192, 2)):
+    for tm, tn, cm in ((128, 128, 1), (128, 128, 2), (64, 128, 1), (64, 128, 2), (128, 256, 1), (128, 256, 2)):
         cfg = GemmConfig(tm, tn, cm, max_clusters=132 // cm, epilogue=Epilogue(row_scale=True, col_scale=True),
-                         fp8_promote_every=4)
+                         fp8_promote_every=1 if tn == 256 else 4, fp8_split_n=tn == 256)
         found.append((GemmSm90, cfg, (fp8_row, fp8_col, out, None, None, f32, f32) + scalars))
     # Ping-pong configurations that tuned=True may pick (bf16 and fp8).
     for cm in (1, 2):

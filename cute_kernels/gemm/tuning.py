@@ -26,20 +26,24 @@ _memory: dict = {}
 def candidates(base: GemmConfig, m: int, sms: int) -> list[GemmConfig]:
     """The heuristic's choice first, then the other tile / cluster / schedule shapes worth
     timing (ping-pong tiles are per warpgroup: 128 x 192 keeps 192 fp32 accumulators, fp8's
-    128 x 96 two accumulators of 96; fp8's widest cooperative tile is 128 x 192)."""
+    128 x 96 two accumulators of 96; fp8's 128 x 256 folds per column half)."""
     if m <= 64:
         shapes = [(64, 128, False)]
     elif m <= 128:
         shapes = [(64, 128, False), (128, 128, False)]
     elif base.fp8_promote_every:
-        shapes = [(128, 192, False), (128, 128, False), (128, 96, True)]
+        shapes = [(128, 256, False), (128, 128, False), (128, 96, True)]
     else:
         shapes = [(128, 256, False), (128, 128, False), (128, 192, True)]
+    fp8 = base.fp8_promote_every > 0
     found = [base]
     for tile_m, tile_n, pingpong in shapes:
+        split = fp8 and tile_n == 256  # fp8 128 x 256 only with the column-split promotion
         for cluster_m in (1, 2):
             cfg = dataclasses.replace(base, tile_m=tile_m, tile_n=tile_n, cluster_m=cluster_m,
-                                      max_clusters=max(1, sms // cluster_m), pingpong=pingpong)
+                                      max_clusters=max(1, sms // cluster_m), pingpong=pingpong,
+                                      fp8_split_n=split,
+                                      fp8_promote_every=(1 if split else 4) if fp8 else 0)
             if cfg not in found:
                 found.append(cfg)
     return found
