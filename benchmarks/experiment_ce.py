@@ -58,14 +58,10 @@ def host_time(m, v, fwd_bwd, calls: int = 300) -> None:
     import time
 
     import torch.nn.functional as F
+    from bench_losses import fwd_bwd as peer
     x = torch.randn(m, v, device="cuda", dtype=torch.bfloat16)
     t = torch.randint(0, v, (m,), device="cuda")
-
-    def torch_fwd_bwd(x, t):
-        x = x.detach().requires_grad_()
-        F.cross_entropy(x, t).backward()
-        return x.grad
-    cases = {"ours fwd+bwd": fwd_bwd(False), "torch fwd+bwd": torch_fwd_bwd,
+    cases = {"ours fwd+bwd": fwd_bwd(False), "torch fwd+bwd": peer(F.cross_entropy),
              "ours fwd none": lambda x, t: ck.cross_entropy(x, t, reduction="none"),
              "ours fwd mean": lambda x, t: ck.cross_entropy(x, t)}
     quack = try_import("quack.cross_entropy")
@@ -109,13 +105,8 @@ def main():
         return
     if "--timeline" in sys.argv:
         import torch.nn.functional as F
+        from bench_losses import fwd_bwd as peer
 
-        def peer(loss_fn):
-            def run(x, t):
-                x = x.detach().requires_grad_()
-                loss_fn(x, t).backward()
-                return x.grad
-            return run
         peers = {"torch": peer(F.cross_entropy),
                  "torch_compile": peer(torch.compile(lambda x, t: F.cross_entropy(x.float(), t)))}
         print("after the peers:", {k: round(t * 1000) for k, t in bench_many({"ours": fwd_bwd(False), **peers},
