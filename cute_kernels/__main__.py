@@ -63,6 +63,8 @@ def run_on_gpu() -> int:
 
 
 def _describe(config) -> str:
+    if config is None:  # a kernel with nothing to configure
+        return "-"
     fields = []
     for key, value in vars(config).items():
         if hasattr(value, "__dataclass_fields__"):
