@@ -72,8 +72,9 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
     efficiency; the cheapest wins, so small problems shrink the tile until more SMs have work.
     M <= 128 takes 64 x 128 tiles (one warpgroup), with a 2-CTA cluster along M sharing B when
     M > 64; fp8 chooses between 128 x 256 (column-split promotion) and 128 x 128 the same way as
-    16-bit; short K with many tiles takes the ping-pong schedule. A 2-CTA cluster along M halves B traffic from L2 when
-    there are enough tiles to fill the clusters. The grid is persistent: at most one CTA per SM.
+    16-bit; short K with many tiles takes the ping-pong schedule. A 2-CTA cluster along M halves
+    B traffic from L2 when there are enough tiles to fill the clusters. The grid is persistent:
+    at most one CTA per SM.
     """
     def tiles(tm, tn):
         return -(-m // tm) * -(-n // tn) * batch
