@@ -40,7 +40,7 @@ def main():
         b = torch.randn(n, device="cuda", dtype=dt) if layer_norm else None
         y = torch.empty(m, n, device="cuda", dtype=dt)
         rstd, mean = torch.empty(m, device="cuda"), torch.empty(m, device="cuda")
-        key = (dt, None, dt, b if b is None else dt, dt, None, layer_norm, n)
+        key = (dt, None, dt, dt if layer_norm else None, dt, None, layer_norm, n)
         _, config, specs = _build_forward(key, 8)
         x0 = sets[0][0]
         ref = (torch.nn.functional.layer_norm(x0.float(), (n,), w.float(), b.float(), 1e-5) if layer_norm
