@@ -2,10 +2,14 @@
 side by side in one run (L2-cold inputs, interleaved rounds).
 
     python benchmarks/experiment_norms.py [--shapes MxN,...] [--held 1,3,1l] [--rms]
+    python benchmarks/experiment_norms.py --backward op,8,7 [--shapes ...] [--rms]
 
 ``--held H`` builds the row split as if each thread kept H row-sized fragments in registers
 (``row_config(..., tensors_held=H)``): more held fragments split the row over more threads.
 A trailing ``l`` loads the weight and bias after the row reductions (``late_affine``).
+
+``--backward C,...`` times the backward kernel (dx, dw and for LayerNorm db) on persistent grids
+of C clusters each (``op``: the op's ``backward_grid``).
 """
 
 from __future__ import annotations
@@ -20,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import bench_many, gbps, make_input_sets  # noqa: E402
 
 from cute_kernels.norms.config import row_config  # noqa: E402
-from cute_kernels.norms.norm import NormConfig, NormFwdSm90  # noqa: E402
-from cute_kernels.norms.norm_op import _build_forward  # noqa: E402
+from cute_kernels.norms.norm import NormBwdSm90, NormConfig, NormFwdSm90  # noqa: E402
+from cute_kernels.norms.norm_op import _build_backward, _build_forward, backward_grid  # noqa: E402
 from cute_kernels.runtime import get_kernel  # noqa: E402
 
 
@@ -30,7 +34,10 @@ def main():
     parser.add_argument("--shapes", default="4096x65536,4096x131072")
     parser.add_argument("--held", default="1,3,1l")
     parser.add_argument("--rms", action="store_true", help="RMSNorm with a weight (default LayerNorm, weight and bias)")
+    parser.add_argument("--backward", default=None, help="backward grids in clusters (or op), comma-separated")
     args = parser.parse_args()
+    if args.backward:
+        return backward(args)
     dt = torch.bfloat16
     layer_norm = not args.rms
     for shape in args.shapes.split(","):
@@ -61,6 +68,51 @@ def main():
             fns[f"held{text}/c{rows.cluster_n}"] = run
         ms = bench_many(fns, sets)
         print(f"{shape} GB/s:", {k: round(gbps(2 * m * n * 2, t)) for k, t in ms.items()}, flush=True)
+
+
+def backward(args):
+    dt = torch.bfloat16
+    layer_norm = not args.rms
+    for shape in args.shapes.split(","):
+        m, n = (int(v) for v in shape.split("x"))
+
+        def make():
+            x = torch.randn(m, n, device="cuda", dtype=dt)
+            xf = x.float()
+            mean = xf.mean(-1) if layer_norm else None
+            centred = xf - mean[:, None] if layer_norm else xf
+            return x, torch.randn_like(x), torch.rsqrt((centred * centred).mean(-1) + 1e-5), mean
+
+        sets = make_input_sets(make, 2 * m * n * 2)
+        w = torch.randn(n, device="cuda", dtype=dt)
+        dx = torch.empty(m, n, device="cuda", dtype=dt)
+        key = (dt, dt, dt, None, dt, layer_norm, True, layer_norm, n)
+        _, base, specs = _build_backward(key, 8)
+        x0, dy0, rstd0, mean0 = sets[0]
+        xhat = ((x0.float() - mean0[:, None]) if layer_norm else x0.float()) * rstd0[:, None]
+        g = dy0.float() * w.float()
+        ref = g - xhat * (xhat * g).mean(-1, keepdim=True)
+        if layer_norm:
+            ref = ref - g.mean(-1, keepdim=True)
+        ref = ref * rstd0[:, None]
+        ref_dw = (dy0.float() * xhat).sum(0)
+        fns = {}
+        kernel = get_kernel(NormBwdSm90, base, specs)
+        for text in args.backward.split(","):
+            ctas = backward_grid(m, n, x0.device) if text == "op" else int(text)
+            dw = torch.empty(ctas, n, device="cuda")
+            db = torch.empty(ctas, n, device="cuda") if layer_norm else None
+
+            def run(x, dy, rstd, mean, kernel=kernel, dw=dw, db=db, ctas=ctas):
+                kernel(x, w, dy, rstd, mean, None, dx, dw, db, ctas)
+            run(x0, dy0, rstd0, mean0)
+            err = (dx.float() - ref).abs().max().item()
+            err_dw = (dw.sum(0) - ref_dw).abs().max().item()
+            print(f"{shape} grid={ctas} clusters of {base.row.cluster_n}: "
+                  f"max err dx {err:.3g} dw {err_dw:.3g}", flush=True)
+            fns[f"grid {text}"] = run
+        ms = bench_many(fns, sets)
+        print(f"{shape} GB/s:", {k: round(gbps(3 * m * n * 2, t)) for k, t in ms.items()}, flush=True)
 
 
 if __name__ == "__main__":

@@ -210,10 +210,12 @@ def test_fused_linear_cross_entropy_bf16_matches_unfused():
 @gpu
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
-def test_fused_linear_cross_entropy_weight_grad_by_vocab_slices(bias, reduction):
+@pytest.mark.parametrize("tokens,hidden,vocab", [(333, 256, 5003), (2000, 64, 3001)])
+def test_fused_linear_cross_entropy_weight_grad_by_vocab_slices(bias, reduction, tokens, hidden, vocab):
     # bf16 without smoothing takes the vocabulary-slice pass for the weight gradient: several
     # slices, a ragged last one, an odd vocabulary, ignored rows, an incoming gradient != 1.
-    tokens, hidden, vocab = 333, 256, 5003
+    # 333 x 256 x 5003: slices whose logits live in the weight gradient's unwritten rows, then
+    # the separate buffer; 2000 x 64 x 3001: too many tokens for that, the buffer only.
     h = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16).requires_grad_()
     w = (torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16) / 8).requires_grad_()
     b = torch.randn(vocab, device="cuda", dtype=torch.bfloat16, requires_grad=True) if bias else None

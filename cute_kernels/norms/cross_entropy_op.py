@@ -263,29 +263,60 @@ def _gemm_ready(t: torch.Tensor) -> bool:
         and (t.shape[1] * size) % 16 == 0
 
 
+# Vocabulary columns per slice of the weight-gradient pass while the slices' logits fit in the
+# weight gradient's unwritten rows; narrower slices than the minimum go to a separate buffer.
+SLICE_COLUMNS = (1024, 16384)
+
+
+def _slab_in_place(flat: torch.Tensor, v0: int, tokens: int, hidden: int, vocab: int, align: int):
+    """The widest slice [v0, v0 + width) whose (tokens, width) logits fit in the weight
+    gradient's rows above it (``flat`` is its storage; those rows are written later), and
+    that slab, or (0, None) when it would be narrower than ``SLICE_COLUMNS[0]``."""
+    width = min(SLICE_COLUMNS[1], (vocab - v0) * hidden // (tokens + hidden)) // align * align
+    while width >= SLICE_COLUMNS[0]:
+        stride = -(-width // align) * align
+        start = (vocab * hidden - tokens * stride) // align * align
+        if start >= (v0 + width) * hidden:
+            return width, flat[start: start + tokens * stride].view(tokens, stride)[:, :width]
+        width -= align
+    return 0, None
+
+
 def _weight_grad_by_slices(h2, weight, bias, target, lse, scale, ignore_index, grad_w, budget,
                            logits_config):
-    """grad_w[v0:v1] = G[:, v0:v1]^T @ h for vocabulary slices of at most ``budget`` logits:
-    each slice's logits are recomputed (one GEMM), turned into their gradient in place from the
-    stored lse (the backward kernel, targets shifted into the slice), and multiplied by the
-    hidden states straight into the weight gradient: no read-modify-write of grad_w at all."""
-    tokens, vocab = h2.shape[0], weight.shape[0]
+    """grad_w[v0:v1] = G[:, v0:v1]^T @ h for vocabulary slices: each slice's logits are
+    recomputed (one GEMM), turned into their gradient in place from the stored lse (the
+    backward kernel, targets shifted into the slice), and multiplied by the hidden states
+    straight into the weight gradient: no read-modify-write of grad_w at all.
+
+    The slices' logits live in grad_w's own rows above the slice, which are written only
+    later (slices shrink as those rows run out); the last narrow slices use a separate buffer
+    of at most ``budget`` logits."""
+    tokens, hidden = h2.shape
+    vocab = weight.shape[0]
     align = 16 // h2.element_size()
-    width = max(align, min(vocab, budget // max(tokens, 1)) // align * align)
-    stride = -(-min(width, vocab) // align) * align  # 16-byte rows for the GEMM's TMA store
-    slab = torch.empty((tokens, stride), dtype=h2.dtype, device=h2.device)
+    flat = grad_w.view(-1)
     outside = -(1 << 62)  # marks ignored rows; no shifted target can equal it
     counted = target != ignore_index
     dloss = scale.expand(tokens)
-    for v0 in range(0, vocab, width):
-        v1 = min(v0 + width, vocab)
-        logits = slab[:, : v1 - v0]
+    tail = None
+    v0 = 0
+    while v0 < vocab:
+        width, logits = _slab_in_place(flat, v0, tokens, hidden, vocab, align)
+        if logits is None:
+            if tail is None:
+                columns = max(align, min(SLICE_COLUMNS[0], budget // max(tokens, 1)) // align * align)
+                tail = torch.empty((tokens, columns), dtype=h2.dtype, device=h2.device)
+            width = min(tail.shape[1], vocab - v0)
+            logits = tail[:, :width]
+        v1 = v0 + width
         gemm_with_config(h2, weight[v0:v1].t(), logits, None if bias is None else bias[v0:v1],
                          logits_config)
         shifted = torch.where(counted, target.to(torch.int64) - v0, outside)
         cross_entropy_bwd(logits, shifted, lse, dloss, logits, outside, 0.0, 0.0)
         gemm_with_config(logits.t(), h2, grad_w[v0:v1], None,
                          dataclasses.replace(logits_config, epilogue=Epilogue()))
+        v0 = v1
 
 
 class _FusedLinearCrossEntropy(torch.autograd.Function):
@@ -308,18 +339,26 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         grad_h = torch.empty_like(h2) if need_h else None
         grad_w = (torch.empty_like(weight) if by_slices else torch.zeros_like(weight)) if need_w else None
         grad_b = torch.zeros(vocab, dtype=torch.float32, device=device) if need_b else None
+        budget_rows = chunk_rows(tokens, h2.shape[1], vocab, h2.element_size(),
+                                 torch.cuda.mem_get_info(device)[0])
+        align = 16 // h2.element_size()
+        row_stride = -(-vocab // align) * align if by_slices else vocab
+        # With the slice pass the weight gradient is written only after the chunks: until then
+        # its storage holds the chunks' logits, so chunks can be as large as it is.
+        scratch_rows = grad_w.numel() // row_stride if by_slices else 0
         if chunk is None:
-            chunk = chunk_rows(tokens, h2.shape[1], vocab, h2.element_size(),
-                               torch.cuda.mem_get_info(device)[0])
+            chunk = scratch_rows if scratch_rows else budget_rows
         # With the slice pass, both passes compute logits with the project's GEMM in one fixed
         # configuration (same MMA instruction, same order of the K sum), so the recomputed
         # logits are bitwise the ones the lse came from: logits rounded differently would make
         # exp(x - lse) sum to other than 1. Its TMA store needs 16-byte rows: the buffer is padded.
         logits_config = GemmConfig(128, 256, 1, 1, 8, sm_count(device.index or 0),
                                    epilogue=Epilogue(bias=bias is not None))
-        align = 16 // h2.element_size()
-        buffer = torch.empty((min(chunk, tokens), -(-vocab // align) * align if by_slices else vocab),
-                             dtype=hidden.dtype, device=device)
+        rows = min(chunk, tokens)
+        if 0 < rows <= scratch_rows:
+            buffer = grad_w.view(-1)[: rows * row_stride].view(rows, row_stride)
+        else:
+            buffer = torch.empty((rows, row_stride), dtype=hidden.dtype, device=device)
         w_t = weight.t()
         for start in range(0, tokens, chunk):
             end = min(start + chunk, tokens)
@@ -341,7 +380,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         if by_slices:
             del buffer, logits, h  # the chunk buffer's memory goes back before the slice pass
             _weight_grad_by_slices(h2, weight, bias, t2, lse, scale, ignore_index, grad_w,
-                                   min(chunk, tokens) * vocab, logits_config)
+                                   budget_rows * vocab, logits_config)
         ctx.save_for_backward(grad_h, grad_w, grad_b)
         ctx.shapes = (hidden.shape, None if bias is None else bias.dtype)
         total = loss_rows.sum()  # rows already divided by the counted rows for "mean"
@@ -375,16 +414,20 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: 
     slice's logits are recomputed, turned into their gradient from the stored lse, and
     multiplied by the hidden states straight into that slice of the weight gradient. One GEMM
     more than accumulating the weight gradient chunk by chunk, but no read-modify-write of the
-    (V, H) weight gradient per chunk, which is memory-bound and cost more. With label smoothing
-    the weight gradient accumulates chunk by chunk. Gradients are computed during the forward
-    and scaled by the incoming gradient in the backward.
+    (V, H) weight gradient per chunk, which is memory-bound and cost more. The weight gradient's
+    own storage, not yet written, holds the chunks' logits and then the slices' (above the
+    slice being written), so the extra memory is the two gradients and a small buffer for the
+    last slices. With label smoothing the weight gradient accumulates chunk by chunk in chunks
+    of :func:`chunk_rows` tokens. Gradients are computed during the forward and scaled by the
+    incoming gradient in the backward.
 
     Args:
         hidden: (..., H) CUDA tensor, float32 / float16 / bfloat16.
         weight: (V, H), hidden's dtype.  bias: optional (V,).
         target: (...) int64 / int32 class indices.
         reduction: "mean" or "sum".
-        chunk_size: tokens per chunk (default: :func:`chunk_rows`).
+        chunk_size: tokens per chunk (default: as many as the weight gradient's storage holds
+            with the slice pass, else :func:`chunk_rows`; a larger one gets its own buffer).
 
     Constraints:
       - the weight gradient accumulates chunk by chunk in the weight's dtype (instead of the

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..runtime import DTypeError, ScalarSpec, Sym, TensorSpec, UnsupportedError, kernel_op
-from ..runtime.arch import sm_count
+from ..runtime.arch import max_active_clusters
 from ..runtime.dtypes import dtype_name
 from ..runtime.errors import check_tensor
 from .config import row_config
@@ -108,11 +108,12 @@ def _num_ctas(x, weight, bias, dw_partial, db_partial) -> int:
 
 def backward_grid(m: int, n: int, device: torch.device) -> int:
     """CTAs along M for the persistent backward: one 256-thread CTA per SM (the kernel needs
-    more than 128 registers per thread), never more than there are row tiles."""
+    more than 128 registers per thread), as many clusters as run at once (7 of 16 CTAs on an
+    H100, not 132 // 16), never more than there are row tiles."""
     rows = row_config(n, 1, 4, tensors_held=BACKWARD_HELD)
-    sms = sm_count(device.index if device.index is not None else torch.cuda.current_device())
+    index = device.index if device.index is not None else torch.cuda.current_device()
     tiles = -(-m // rows.rows_per_cta)
-    return max(1, min(tiles, sms // rows.cluster_n))
+    return max(1, min(tiles, max_active_clusters(index, rows.cluster_n)))
 
 
 # ----------------------------------------------------------------------------- validation

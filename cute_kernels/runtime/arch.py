@@ -76,3 +76,24 @@ def sm_count(index: int) -> int:
     if index not in _SM_COUNTS:
         _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
     return _SM_COUNTS[index]
+
+
+_MAX_CLUSTERS: dict = {}
+
+
+@torch.compiler.assume_constant_result
+def max_active_clusters(index: int, cluster_size: int) -> int:
+    """Clusters of ``cluster_size`` CTAs that CUDA device ``index`` runs at once when each CTA
+    takes a whole SM (cached; a constant under torch.compile). A cluster's CTAs share one GPC,
+    so this can be below ``sm_count // cluster_size``: an H100 SXM runs 7 clusters of 16 at a
+    time, not 8, and a persistent grid of 8 would run its last cluster after the other seven."""
+    key = (index, cluster_size)
+    if key not in _MAX_CLUSTERS:
+        if cluster_size == 1:
+            _MAX_CLUSTERS[key] = sm_count(index)
+        else:
+            from cutlass.utils import HardwareInfo
+
+            with torch.cuda.device(index):
+                _MAX_CLUSTERS[key] = HardwareInfo(index).get_max_active_clusters(cluster_size)
+    return _MAX_CLUSTERS[key]
