@@ -2,19 +2,22 @@
 side by side in one run (L2-cold inputs, interleaved rounds).
 
     python benchmarks/experiment_norms.py [--shapes MxN,...] [--held 1,3,1l] [--rms]
-    python benchmarks/experiment_norms.py --backward op,8,7 [--shapes ...] [--rms]
+    python benchmarks/experiment_norms.py --backward op,128/128/1/264 [--shapes ...] [--rms]
 
 ``--held H`` builds the row split as if each thread kept H row-sized fragments in registers
 (``row_config(..., tensors_held=H)``): more held fragments split the row over more threads.
 A trailing ``l`` loads the weight and bias after the row reductions (``late_affine``).
 
-``--backward C,...`` times the backward kernel (dx, dw and for LayerNorm db) on persistent grids
-of C clusters each (``op``: the op's ``backward_grid``).
+``--backward V,...`` times the backward kernel (dx, dw and for LayerNorm db) in launch shapes
+``threads_per_row/threads_per_cta/cluster_n/grid[/ctas_per_sm]`` (grid in clusters; the
+registers capped for ``ctas_per_sm`` CTAs per SM when given; ``op``: the op's own shape,
+``op+sum`` with the op's sum of the per-CTA partials).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -23,9 +26,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import bench_many, gbps, make_input_sets  # noqa: E402
 
-from cute_kernels.norms.config import row_config  # noqa: E402
+from cute_kernels.norms.config import RowConfig, row_config  # noqa: E402
 from cute_kernels.norms.norm import NormBwdSm90, NormConfig, NormFwdSm90  # noqa: E402
-from cute_kernels.norms.norm_op import _build_backward, _build_forward, backward_grid  # noqa: E402
+from cute_kernels.norms.norm_op import _build_backward, _build_forward, backward_grid, column_sum  # noqa: E402
 from cute_kernels.runtime import get_kernel  # noqa: E402
 
 
@@ -34,7 +37,7 @@ def main():
     parser.add_argument("--shapes", default="4096x65536,4096x131072")
     parser.add_argument("--held", default="1,3,1l")
     parser.add_argument("--rms", action="store_true", help="RMSNorm with a weight (default LayerNorm, weight and bias)")
-    parser.add_argument("--backward", default=None, help="backward grids in clusters (or op), comma-separated")
+    parser.add_argument("--backward", default=None, help="backward launch shapes (see above), comma-separated")
     args = parser.parse_args()
     if args.backward:
         return backward(args)
@@ -97,20 +100,28 @@ def backward(args):
         ref = ref * rstd0[:, None]
         ref_dw = (dy0.float() * xhat).sum(0)
         fns = {}
-        kernel = get_kernel(NormBwdSm90, base, specs)
         for text in args.backward.split(","):
-            ctas = backward_grid(m, n, x0.device) if text == "op" else int(text)
-            dw = torch.empty(ctas, n, device="cuda")
-            db = torch.empty(ctas, n, device="cuda") if layer_norm else None
+            config, ctas = base, backward_grid(m, n, x0.device, 2, 2)
+            if not text.startswith("op"):
+                tpr, threads, cluster, ctas, *bound = (int(v) for v in text.split("/"))
+                row = RowConfig(n, 8, tpr, threads, cluster)
+                config = dataclasses.replace(base, row=row, ctas_per_sm=bound[0] if bound else 0)
+            kernel = get_kernel(NormBwdSm90, config, specs)
+            parts = torch.empty(1 + layer_norm, ctas, n, device="cuda")
+            dw, db = parts[0], parts[1] if layer_norm else None
+            totals = torch.empty(1 + layer_norm, n, device="cuda")
 
-            def run(x, dy, rstd, mean, kernel=kernel, dw=dw, db=db, ctas=ctas):
+            def run(x, dy, rstd, mean, kernel=kernel, dw=dw, db=db, ctas=ctas, parts=parts,
+                    totals=totals, sums=text == "op+sum"):
                 kernel(x, w, dy, rstd, mean, None, dx, dw, db, ctas)
+                if sums:  # the op's reduction of the per-CTA partials
+                    column_sum(parts, totals)
             run(x0, dy0, rstd0, mean0)
             err = (dx.float() - ref).abs().max().item()
             err_dw = (dw.sum(0) - ref_dw).abs().max().item()
-            print(f"{shape} grid={ctas} clusters of {base.row.cluster_n}: "
+            print(f"{shape} {text}: {config.row} grid {ctas}: "
                   f"max err dx {err:.3g} dw {err_dw:.3g}", flush=True)
-            fns[f"grid {text}"] = run
+            fns[text] = run
         ms = bench_many(fns, sets)
         print(f"{shape} GB/s:", {k: round(gbps(3 * m * n * 2, t)) for k, t in ms.items()}, flush=True)
 

@@ -151,6 +151,24 @@ def test_weight_gradient_is_deterministic():
 
 
 @gpu
+@pytest.mark.parametrize("b,rows,n", [(1, 1, 4), (2, 7, 132), (1, 396, 4096), (2, 1000, 4100), (2, 28, 131072)])
+def test_column_sum_of_partials(b, rows, n):
+    from cute_kernels.norms.norm_op import column_sum
+
+    part = torch.randn(b, rows, n + 4, device="cuda")[:, :, :n]  # padded rows, as the backward's
+    out = torch.full((b, n), float("nan"), device="cuda")
+    column_sum(part, out)
+    ref = part.double().sum(1)
+    assert (out.double() - ref).abs().max().item() <= 1e-5 * rows ** 0.5 * (1 + ref.abs().max().item())
+    again = torch.empty_like(out)
+    column_sum(part, again)
+    assert torch.equal(out, again)
+    part[b - 1, rows // 2, n // 2] = float("nan")
+    column_sum(part, out)
+    assert out[b - 1, n // 2].isnan() and not out[b - 1, : n // 2].isnan().any()
+
+
+@gpu
 @pytest.mark.parametrize("m", [0, 1])
 def test_tiny_batches(m):
     x = torch.randn(m, 512, device="cuda", requires_grad=True)

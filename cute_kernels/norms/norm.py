@@ -60,6 +60,8 @@ class NormConfig:
     # Forward: load the weight and bias after the row reductions instead of before them, so
     # they are not held in registers across the reductions.
     late_affine: bool = False
+    # Backward: CTAs per SM that the launch caps the registers for (0: no cap).
+    ctas_per_sm: int = 0
 
 
 def _add2(a: tuple, b: tuple) -> tuple:
@@ -188,7 +190,8 @@ class NormBwdSm90(_NormKernel):
     @cute.jit
     def __call__(self, mX, mW, mdY, mRstd, mMean, mdH, mdX, mdW, mdB, num_ctas: Int32, stream):
         self._launch(
-            self.kernel(mX, mW, mdY, mRstd, mMean, mdH, mdX, mdW, mdB, num_ctas), num_ctas, stream
+            self.kernel(mX, mW, mdY, mRstd, mMean, mdH, mdX, mdW, mdB, num_ctas), num_ctas, stream,
+            self.config.ctas_per_sm,
         )
 
     @cute.kernel
@@ -308,3 +311,58 @@ class NormBwdSm90(_NormKernel):
                 for r in cutlass.range_constexpr(rows.rows_per_cta):
                     total += sAcc[r, col]
                 mPart[bidx, col0 + col] = total
+
+
+COLUMN_SUM_WARPS = 32  # warps per CTA of ColumnSumSm90; each lane adds 4 columns
+
+
+class ColumnSumSm90:
+    """out[b, c] = sum over r of part[b, r, c] for fp32 (B, R, N) partials (the backward's
+    per-CTA dw and db rows), in a fixed order, so the result is deterministic.
+
+    One CTA per 128 columns of one b: warp w adds rows w, w + 32, ... with 16-byte loads (lane
+    l holds columns 4l .. 4l + 3), then the 32 warp sums are added in warp order. Many warps,
+    few rows each: the loads are latency-bound, not bandwidth-bound.
+
+    Constraints:
+      - part fp32 (B, R, N), R >= 1, N a multiple of 4, rows 16-byte aligned; out fp32 (B, N)
+    """
+
+    def __init__(self, config=None):
+        self.config = config
+
+    @cute.jit
+    def __call__(self, mPart: cute.Tensor, mOut: cute.Tensor, stream):
+        self.kernel(mPart, mOut).launch(
+            grid=[cute.ceil_div(mPart.shape[2], 128), mPart.shape[0], 1],
+            block=[32 * COLUMN_SUM_WARPS, 1, 1],
+            stream=stream,
+        )
+
+    @cute.kernel
+    def kernel(self, mPart: cute.Tensor, mOut: cute.Tensor):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, b, _ = cute.arch.block_idx()
+        warp, lane = tidx // 32, tidx % 32
+        smem = cutlass.memory.SmemAllocator()
+        sums = smem.allocate_tensor(
+            Float32, cute.make_ordered_layout((COLUMN_SUM_WARPS, 128), order=(1, 0)), 16
+        )
+        acc = cute.make_rmem_tensor(cute.make_layout(4), Float32)
+        acc.fill(0.0)
+        vector = cute.make_rmem_tensor(cute.make_layout(4), Float32)
+        atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
+        chunk = bidx * 32 + lane  # this lane's group of 4 columns
+        if chunk * 4 < mPart.shape[2]:
+            for r in cutlass.range(warp, mPart.shape[1], COLUMN_SUM_WARPS, unroll=4):
+                cute.copy(atom, cute.local_tile(mPart[b, r, None], (4,), (chunk,)), vector)
+                acc.store(acc.load() + vector.load())
+        for i in cutlass.range_constexpr(4):
+            sums[warp, lane * 4 + i] = acc[i]
+        cute.arch.barrier()
+        column = bidx * 128 + tidx
+        if tidx < 128 and column < mPart.shape[2]:
+            total = Float32(0.0)
+            for w in cutlass.range_constexpr(COLUMN_SUM_WARPS):
+                total += sums[w, tidx]
+            mOut[b, column] = total

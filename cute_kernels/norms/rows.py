@@ -151,13 +151,17 @@ class RowKernel:
         self.config = config
         self.rows = config if isinstance(config, RowConfig) else config.row
 
-    def _launch(self, kernel, grid_x, stream):
+    def _launch(self, kernel, grid_x, stream, ctas_per_sm: int = 0):
+        """Launch ``kernel`` on ``grid_x`` row tiles; ``ctas_per_sm`` > 1 caps its registers so
+        that many CTAs fit on one SM (with the whole shared-memory carveout)."""
         rows = self.rows
         kernel.launch(
             grid=[grid_x, rows.cluster_n, 1],
             block=[rows.num_threads, 1, 1],
             cluster=[1, rows.cluster_n, 1] if const_expr(rows.cluster_n > 1) else None,
             stream=stream,
+            min_blocks_per_mp=ctas_per_sm,
+            preferred_smem_carveout=100 if ctas_per_sm > 1 else None,
         )
 
     def _tile(self, tile_m):

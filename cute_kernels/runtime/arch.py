@@ -82,18 +82,54 @@ _MAX_CLUSTERS: dict = {}
 
 
 @torch.compiler.assume_constant_result
-def max_active_clusters(index: int, cluster_size: int) -> int:
-    """Clusters of ``cluster_size`` CTAs that CUDA device ``index`` runs at once when each CTA
-    takes a whole SM (cached; a constant under torch.compile). A cluster's CTAs share one GPC,
-    so this can be below ``sm_count // cluster_size``: an H100 SXM runs 7 clusters of 16 at a
-    time, not 8, and a persistent grid of 8 would run its last cluster after the other seven."""
-    key = (index, cluster_size)
+def max_active_clusters(index: int, cluster_size: int, ctas_per_sm: int = 1) -> int:
+    """Clusters of ``cluster_size`` CTAs that CUDA device ``index`` runs at once when each SM
+    holds ``ctas_per_sm`` of the CTAs (cached; a constant under torch.compile). A cluster's CTAs
+    share one GPC, so this can be below ``sm_count * ctas_per_sm // cluster_size``: an H100 SXM
+    runs 7 clusters of 16 one-per-SM CTAs at a time, not 8, and a persistent grid of 8 would
+    run its last cluster after the other seven."""
+    key = (index, cluster_size, ctas_per_sm)
     if key not in _MAX_CLUSTERS:
         if cluster_size == 1:
-            _MAX_CLUSTERS[key] = sm_count(index)
+            _MAX_CLUSTERS[key] = sm_count(index) * ctas_per_sm
         else:
-            from cutlass.utils import HardwareInfo
-
             with torch.cuda.device(index):
-                _MAX_CLUSTERS[key] = HardwareInfo(index).get_max_active_clusters(cluster_size)
+                _MAX_CLUSTERS[key] = _occupancy_clusters(index, cluster_size, ctas_per_sm)
     return _MAX_CLUSTERS[key]
+
+
+def _occupancy_clusters(index: int, cluster_size: int, ctas_per_sm: int) -> int:
+    """The driver's occupancy answer for an empty 128-thread kernel whose dynamic shared
+    memory leaves room for exactly ``ctas_per_sm`` CTAs per SM (with the whole carveout, as the
+    row kernels that run several CTAs per SM ask for)."""
+    from cuda.bindings import driver
+    from cutlass.utils import HardwareInfo
+
+    def check(result):
+        if result[0] != driver.CUresult.CUDA_SUCCESS:
+            raise RuntimeError(f"CUDA occupancy query failed: {result[0]}")
+        return result[1] if len(result) > 1 else None
+
+    device = check(driver.cuDeviceGet(index))
+    check(driver.cuCtxSetCurrent(check(driver.cuDevicePrimaryCtxRetain(device))))
+    kernel = HardwareInfo(index)._get_device_function()  # the DSL's own empty kernel
+    attribute = driver.CUfunction_attribute
+    most = check(driver.cuDeviceGetAttribute(
+        driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device))
+    check(driver.cuFuncSetAttribute(kernel, attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, most))
+    # Less 1 KB: without it the cluster query fits one CTA fewer per SM than the plain one.
+    smem = check(driver.cuOccupancyAvailableDynamicSMemPerBlock(kernel, ctas_per_sm, 128)) - 1024
+    check(driver.cuFuncSetAttribute(kernel, attribute.CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1))
+    check(driver.cuFuncSetAttribute(kernel, attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT, 100))
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = cluster_size, 1, 1
+    config.blockDimX, config.blockDimY, config.blockDimZ = 128, 1, 1
+    config.sharedMemBytes = smem
+    cluster = driver.CUlaunchAttribute()
+    cluster.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+    value = driver.CUlaunchAttributeValue()
+    value.clusterDim.x, value.clusterDim.y, value.clusterDim.z = cluster_size, 1, 1
+    cluster.value = value
+    config.attrs = [cluster]
+    config.numAttrs = 1
+    return check(driver.cuOccupancyMaxActiveClusters(kernel, config))
