@@ -101,7 +101,7 @@ def backward(args):
         ref_dw = (dy0.float() * xhat).sum(0)
         fns = {}
         for text in args.backward.split(","):
-            config, ctas = base, backward_grid(m, n, x0.device, 2, 2)
+            config, ctas = base, backward_grid(m, n, x0.device, 2, 2, False)
             if not text.startswith("op"):
                 tpr, threads, cluster, ctas, *bound = (int(v) for v in text.split("/"))
                 row = RowConfig(n, 8, tpr, threads, cluster)

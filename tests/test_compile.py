@@ -55,6 +55,9 @@ def test_norm_configuration_compiles_without_spills(case):
     kernel, config, specs = case
     report = inspect_kernel(kernel, config, specs, arch="sm_90a")
     assert not report.local_memory, f"local memory / spills: {report.summary()}"
+    if config is None:  # the column sums of the backward's partials
+        assert "ld.global.v4" in report.ptx, "partial rows are read in 16-byte vectors"
+        return
     rows = config.row
     if rows.cluster_n > 1:
         assert "st.async.shared::cluster" in report.ptx

@@ -218,21 +218,17 @@ class NormBwdSm90(_NormKernel):
             self._prefetch(mX, mdY, sX, sdY, copy_x, copy_dy, bidx, 0)
         if const_expr(rows.cluster_n > 1):
             cute.arch.cluster_wait()  # peers' exchange barriers are initialized from here on
+        rstd, mean = self._row_stats(mX, mRstd, mMean, bidx)
         step = Int32(0)
         for tile_m in cutlass.range(bidx, num_tiles, num_ctas, unroll=1):
             stage = step % 2
             if const_expr(staged):
                 self._prefetch(mX, mdY, sX, sdY, copy_x, copy_dy, tile_m + num_ctas, 1 - stage)
                 cute.arch.cp_async_wait_group(1)
+            # The next tile's statistics load now, so their latency is not paid at its start.
+            next_rstd, next_mean = self._row_stats(mX, mRstd, mMean, tile_m + num_ctas)
             tile = self._tile(tile_m)
-            coords = self._coords(mX, tile)
-            pred = bounds_predicate(coords, m_rows, rows)
-            row = coords[0][0]
-            rstd, mean = Float32(0.0), Float32(0.0)
-            if row < m_rows:
-                rstd = mRstd[row]
-                if const_expr(cfg.layer_norm):
-                    mean = mMean[row]
+            pred = bounds_predicate(self._coords(mX, tile), m_rows, rows)
             srcX, srcdY = self._fragment(mX, tile), self._fragment(mdY, tile)
             if const_expr(staged):
                 srcX, srcdY = stage_view(sX, copy_x, stage), stage_view(sdY, copy_dy, stage)
@@ -267,11 +263,23 @@ class NormBwdSm90(_NormKernel):
                 dw_acc.store(dw_acc.load() + dy * xhat)
             if const_expr(cfg.bias):
                 db_acc.store(db_acc.load() + dy)
+            rstd, mean = next_rstd, next_mean
             step += 1
         if const_expr(cfg.weight_grad):
             self._store_partial(smem, dw_acc, mdW, first)
         if const_expr(cfg.bias):
             self._store_partial(smem, db_acc, mdB, first)
+
+    @cute.jit
+    def _row_stats(self, mX, mRstd, mMean, tile_m):
+        """rstd and (LayerNorm) mean of this thread's row in row tile ``tile_m``; 0 past the end."""
+        row = self._coords(mX, self._tile(tile_m))[0][0]
+        rstd, mean = Float32(0.0), Float32(0.0)
+        if row < mX.shape[0]:
+            rstd = mRstd[row]
+            if const_expr(self.config.layer_norm):
+                mean = mMean[row]
+        return rstd, mean
 
     def _prefetch(self, mX, mdY, sX, sdY, copy_x, copy_dy, tile_m, stage):
         """Start copying row tile ``tile_m`` of x and dy into ``stage`` (rows past the end are

@@ -62,22 +62,24 @@ def backward_rows(n: int, vec: int, widest: int) -> RowConfig:
     return rows
 
 
-def backward_ctas_per_sm(rows: RowConfig, x_size: int, dy_size: int) -> int:
+def backward_ctas_per_sm(rows: RowConfig, x_size: int, dy_size: int, residual: bool) -> int:
     """CTAs of the backward per SM: one with 256 threads (over 128 registers each); with 128
-    threads, ``BACKWARD_CTAS_PER_SM`` unless their shared memory (two stages of x and dy, the
-    fp32 dw and db partials, the exchange) holds fewer."""
+    threads, ``BACKWARD_CTAS_PER_SM`` (two with a residual gradient to add: its registers do not
+    fit three) unless their shared memory (two stages of x and dy, the fp32 dw and db partials,
+    the exchange) holds fewer."""
     if rows.num_threads > 128:
         return 1
+    most = 2 if residual else BACKWARD_CTAS_PER_SM
     tile = rows.rows_per_cta * rows.cols_per_cta
     smem = tile * (2 * (x_size + dy_size) + 2 * 4) + 2048
-    return max(1, min(BACKWARD_CTAS_PER_SM, (228 << 10) // (smem + 1024)))
+    return max(1, min(most, (228 << 10) // (smem + 1024)))
 
 
 def _build_backward(key, vec):
     x_t, w_t, dy_t, dh_t, dx_t, layer_norm, weight_grad, bias, n = key
     widest = widest_itemsize((x_t, w_t, dy_t, dh_t, dx_t))
     rows = backward_rows(n, vec, widest)
-    ctas_per_sm = backward_ctas_per_sm(rows, ITEMSIZE[x_t], ITEMSIZE[dy_t])
+    ctas_per_sm = backward_ctas_per_sm(rows, ITEMSIZE[x_t], ITEMSIZE[dy_t], dh_t is not None)
     config = NormConfig(rows, layer_norm, w_t is not None, bias, dh_t is not None, weight_grad,
                         ctas_per_sm=ctas_per_sm if ctas_per_sm > 1 else 0)
     x, dy, dh, dx = (None if d is None else row_specs((d,), n, vec)[0] for d in (x_t, dy_t, dh_t, dx_t))
@@ -120,28 +122,30 @@ def norm_bwd(x, weight, dy, rstd, mean, dh, dx, dw_partial, db_partial, layer_no
     key = (x.dtype, _dtype(weight), dy.dtype, _dtype(dh), dx.dtype, layer_norm,
            dw_partial is not None, db_partial is not None, x.shape[1])
     tensors = tuple(t for t in (x, weight, dy, dh, dx) if t is not None)
-    num_ctas = _num_ctas(x, dy, dw_partial, db_partial)
+    num_ctas = _num_ctas(x, dy, dh, dw_partial, db_partial)
     _backward_kernels(key, tensors, x, weight, dy, rstd, mean, dh, dx, dw_partial, db_partial,
                       num_ctas)
 
 
-def _num_ctas(x, dy, dw_partial, db_partial) -> int:
+def _num_ctas(x, dy, dh, dw_partial, db_partial) -> int:
     if dw_partial is not None:
         return dw_partial.shape[0]
     if db_partial is not None:
         return db_partial.shape[0]
-    return backward_grid(x.shape[0], x.shape[1], x.device, x.element_size(), dy.element_size())
+    return backward_grid(x.shape[0], x.shape[1], x.device, x.element_size(), dy.element_size(),
+                         dh is not None)
 
 
 
 
-def backward_grid(m: int, n: int, device: torch.device, x_size: int, dy_size: int) -> int:
+def backward_grid(m: int, n: int, device: torch.device, x_size: int, dy_size: int,
+                  residual: bool) -> int:
     """Clusters along M for the persistent backward: as many as run at once (for 16 CTAs of one
     per SM, 7 on an H100, not 132 // 16), never more than there are row tiles."""
     rows = backward_rows(n, 1, 4)
     index = device.index if device.index is not None else torch.cuda.current_device()
     tiles = -(-m // rows.rows_per_cta)
-    ctas_per_sm = backward_ctas_per_sm(rows, x_size, dy_size)
+    ctas_per_sm = backward_ctas_per_sm(rows, x_size, dy_size, residual)
     return max(1, min(tiles, max_active_clusters(index, rows.cluster_n, ctas_per_sm)))
 
 
@@ -234,7 +238,7 @@ def norm_backward(x, weight, dy, rstd, mean, dh, layer_norm, need_dw, need_db, d
     if not m:
         zeros = torch.zeros(n, dtype=torch.float32, device=x.device)
         return dx, zeros if need_dw else None, zeros.clone() if need_db else None
-    ctas = backward_grid(m, n, x.device, x.element_size(), dy.element_size())
+    ctas = backward_grid(m, n, x.device, x.element_size(), dy.element_size(), dh is not None)
     padded = -(-n // 4) * 4  # 16-byte partial rows for the column sums
     parts = torch.empty((need_dw + need_db, ctas, padded), dtype=torch.float32, device=x.device)
     dw_part = parts[0, :, :n] if need_dw else None
