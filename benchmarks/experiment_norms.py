@@ -6,7 +6,8 @@ side by side in one run (L2-cold inputs, interleaved rounds).
 
 ``--held H`` builds the row split as if each thread kept H row-sized fragments in registers
 (``row_config(..., tensors_held=H)``): more held fragments split the row over more threads.
-A trailing ``l`` loads the weight and bias after the row reductions (``late_affine``).
+A trailing ``l`` loads the weight and bias after the row reductions (``late_affine``), a
+trailing ``s`` stages x through shared memory (``stage_x``).
 
 ``--backward V,...`` times the backward kernel (dx, dw and for LayerNorm db) in launch shapes
 ``threads_per_row/threads_per_cta/cluster_n/grid[/ctas_per_sm]`` (grid in clusters; the
@@ -57,9 +58,9 @@ def main():
                else torch.nn.functional.rms_norm(x0.float(), (n,), w.float(), 1e-5))
         fns = {}
         for text in args.held.split(","):
-            held, late = int(text.rstrip("l")), text.endswith("l")
+            held, late, staged = int(text.rstrip("ls")), text.endswith("l"), text.endswith("s")
             rows = row_config(n, 8, 2, tensors_held=held)
-            config = NormConfig(rows, layer_norm, True, layer_norm, False, late_affine=late)
+            config = NormConfig(rows, layer_norm, True, layer_norm, False, late_affine=late, stage_x=staged)
             kernel = get_kernel(NormFwdSm90, config, specs)
 
             def run(x, kernel=kernel):

@@ -60,6 +60,10 @@ class NormConfig:
     # Forward: load the weight and bias after the row reductions instead of before them, so
     # they are not held in registers across the reductions.
     late_affine: bool = False
+    # Forward: x goes to shared memory (cp.async) and is read again after each reduction instead
+    # of being held in registers; the weight and bias load before the reductions and stay in
+    # their own (16-bit) dtype until used.
+    stage_x: bool = False
     # Backward: CTAs per SM that the launch caps the registers for (0: no cap).
     ctas_per_sm: int = 0
 
@@ -76,6 +80,10 @@ class _NormKernel(RowKernel):
 
     def _load_vector(self, mW: cute.Tensor, tile):
         """This thread's slice of a per-column vector (weight or bias), as fp32."""
+        return self._load_vector_raw(mW, tile).load().to(Float32)
+
+    def _load_vector_raw(self, mW: cute.Tensor, tile) -> cute.Tensor:
+        """This thread's slice of a per-column vector, in registers in its own dtype."""
         rows = self.rows
         mW2 = self._broadcast_row(mW)
         copy = make_row_copy(mW.element_type, rows)
@@ -83,7 +91,7 @@ class _NormKernel(RowKernel):
         coords = thread_fragment(cute.make_identity_tensor(mW2.shape), copy, rows, (0, tile[1]))
         tWrW = cute.make_rmem_tensor_like(tWgW)
         load_fragments(bounds_predicate(coords, None, rows), (tWgW, tWrW, None, mW.element_type(0)))
-        return tWrW.load().to(Float32)
+        return tWrW
 
     def _fragment(self, mT: cute.Tensor, tile):
         if const_expr(mT is None):
@@ -108,6 +116,9 @@ class NormFwdSm90(_NormKernel):
         tXgX, tXgR = self._fragment(mX, tile), self._fragment(mR, tile)
         tXrX = cute.make_rmem_tensor_like(tXgX)
         tXsX = tXsR = None
+        if const_expr(cfg.stage_x):
+            return self._forward_staged(mX, mW, mB, mY, mRstd, mMean, eps, smem, buffer, mbar_ptr,
+                                        tile, pred, tXgX, tXrX)
         if const_expr(rows.stage_smem):
             tXsX = stage_view(stage_buffer(smem, mX.element_type, rows), make_row_copy(mX.element_type, rows), 0)
         loads = [(tXgX, tXrX, tXsX, mX.element_type(0))]
@@ -161,6 +172,54 @@ class NormFwdSm90(_NormKernel):
             y = y * w
         if const_expr(cfg.bias):
             y = y + b
+        tXgY = self._fragment(mY, tile)
+        tXrY = cute.make_rmem_tensor_like(tXgY)
+        tXrY.store(y.to(mY.element_type))
+        store_fragment(tXrY, tXgY, pred)
+        self._store_row_stats(mX, tile, rstd, mean, mRstd, mMean)
+
+    @cute.jit
+    def _forward_staged(self, mX, mW, mB, mY, mRstd, mMean, eps: Float32, smem, buffer, mbar_ptr,
+                        tile, pred, tXgX, tXrX):
+        """The forward with ``stage_x``: x is copied to shared memory and read from there for
+        each reduction and for the output, so only the 16-bit weight and bias stay in registers
+        (two CTAs per SM on long rows, with every load issued up front)."""
+        cfg, rows = self.config, self.rows
+        tXsX = stage_view(stage_buffer(smem, mX.element_type, rows), make_row_copy(mX.element_type, rows), 0)
+        copy_async(tXgX, tXsX, pred)
+        cute.arch.cp_async_commit_group()
+        w = self._load_vector_raw(mW, tile) if const_expr(cfg.weight) else None
+        b = self._load_vector_raw(mB, tile) if const_expr(cfg.bias) else None
+        cute.arch.cp_async_wait_group(0)
+        inv_n = 1.0 / rows.n
+        mean = Float32(0.0)
+        wait = cute.arch.cluster_wait if const_expr(rows.cluster_n > 1) else None
+        if const_expr(cfg.layer_norm):
+            read_fragment(tXsX, tXrX, pred, mX.element_type(0))
+            (total,) = row_reduce(
+                (tXrX.load().to(Float32).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),), add,
+                (Float32(0.0),), rows.threads_per_row, buffer[None, None, None, 0],
+                mbar_ptr, rows.cluster_n, wait,
+            )
+            mean = total * inv_n
+            wait = None
+        read_fragment(tXsX, tXrX, pred, mX.element_type(0))
+        h = tXrX.load().to(Float32) - mean
+        (squares,) = row_reduce(
+            ((h * h).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),), add, (Float32(0.0),),
+            rows.threads_per_row, buffer[None, None, None, 1],
+            mbar_ptr + 1 if const_expr(rows.cluster_n > 1) else None, rows.cluster_n, wait,
+        )
+        if const_expr(cfg.layer_norm):
+            padding = rows.cols_per_cta * rows.cluster_n - rows.n
+            squares = squares - padding * mean * mean
+        rstd = cute.math.rsqrt(squares * inv_n + eps, fastmath=True)
+        read_fragment(tXsX, tXrX, pred, mX.element_type(0))
+        y = (tXrX.load().to(Float32) - mean) * rstd
+        if const_expr(cfg.weight):
+            y = y * w.load().to(Float32)
+        if const_expr(cfg.bias):
+            y = y + b.load().to(Float32)
         tXgY = self._fragment(mY, tile)
         tXrY = cute.make_rmem_tensor_like(tXgY)
         tXrY.store(y.to(mY.element_type))
