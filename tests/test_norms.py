@@ -100,6 +100,19 @@ def test_forward_and_backward(layer_norm, n, dtype):
 
 
 @gpu
+@pytest.mark.parametrize("n", [65536, 100000])
+def test_layer_norm_split_rows_far_from_zero_mean(n):
+    # Rows split over a cluster take the staged forward (one reduction of merged moments); a
+    # mean 40 standard deviations from 0 tests its stability, 100000 a tile with padding.
+    x = torch.randn(3, n, device="cuda", dtype=torch.bfloat16) * 0.5 + 20
+    w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    y = ck.layer_norm(x, w, b)
+    y_t = F.layer_norm(x, (n,), w, b)
+    check(y, y_t, ref_norm(True, x, w, b, 1e-5, None), torch.bfloat16)
+
+
+@gpu
 @pytest.mark.parametrize("layer_norm", [False, True], ids=["rms", "ln"])
 @pytest.mark.parametrize("residual_dtype", [torch.bfloat16, torch.float32])
 def test_residual(layer_norm, residual_dtype):

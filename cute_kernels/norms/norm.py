@@ -68,6 +68,14 @@ class NormConfig:
     ctas_per_sm: int = 0
 
 
+def _merge_moments(a: tuple, b: tuple) -> tuple:
+    """Merge two (count, mean, sum of squared deviations from the mean) partials."""
+    count = a[0] + b[0]
+    share = b[0] / cute.arch.fmax(count, Float32(1.0))
+    delta = b[1] - a[1]
+    return (count, a[1] + delta * share, a[2] + b[2] + delta * delta * a[0] * share)
+
+
 def _add2(a: tuple, b: tuple) -> tuple:
     return (a[0] + b[0], a[1] + b[1])
 
@@ -111,7 +119,7 @@ class NormFwdSm90(_NormKernel):
     def kernel(self, mX, mR, mW, mB, mY, mH, mRstd, mMean, eps: Float32):
         cfg, rows = self.config, self.rows
         smem = cutlass.memory.SmemAllocator()
-        buffer, mbar_ptr = reduction_workspace(smem, rows, 1, 2)
+        buffer, mbar_ptr = reduction_workspace(smem, rows, 3 if const_expr(cfg.stage_x) else 1, 2)
         tile, pred = self._tile_and_predicate(mX)
         tXgX, tXgR = self._fragment(mX, tile), self._fragment(mR, tile)
         tXrX = cute.make_rmem_tensor_like(tXgX)
@@ -191,29 +199,30 @@ class NormFwdSm90(_NormKernel):
         w = self._load_vector_raw(mW, tile) if const_expr(cfg.weight) else None
         b = self._load_vector_raw(mB, tile) if const_expr(cfg.bias) else None
         cute.arch.cp_async_wait_group(0)
-        inv_n = 1.0 / rows.n
-        mean = Float32(0.0)
-        wait = cute.arch.cluster_wait if const_expr(rows.cluster_n > 1) else None
-        if const_expr(cfg.layer_norm):
-            read_fragment(tXsX, tXrX, pred, mX.element_type(0))
-            (total,) = row_reduce(
-                (tXrX.load().to(Float32).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),), add,
-                (Float32(0.0),), rows.threads_per_row, buffer[None, None, None, 0],
-                mbar_ptr, rows.cluster_n, wait,
-            )
-            mean = total * inv_n
-            wait = None
+        # One reduction of (count, mean, sum of squared deviations) partials, merged as in
+        # Chan et al. (RMSNorm: mean 0, the plain sum of squares).
         read_fragment(tXsX, tXrX, pred, mX.element_type(0))
-        h = tXrX.load().to(Float32) - mean
-        (squares,) = row_reduce(
-            ((h * h).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),), add, (Float32(0.0),),
-            rows.threads_per_row, buffer[None, None, None, 1],
-            mbar_ptr + 1 if const_expr(rows.cluster_n > 1) else None, rows.cluster_n, wait,
-        )
+        h = tXrX.load().to(Float32)
+        count = Float32(rows.elems_per_thread)
+        if const_expr(not rows.even_n):
+            count = Float32(0.0)
+            per_flag = Float32(rows.elems_per_thread // cute.size(pred))
+            for v in cutlass.range_constexpr(cute.size(pred, mode=[0])):
+                for k in cutlass.range_constexpr(cute.size(pred, mode=[2])):
+                    count += cutlass.select_(pred[v, 0, k], per_flag, Float32(0.0))
+        mean = Float32(0.0)
         if const_expr(cfg.layer_norm):
-            padding = rows.cols_per_cta * rows.cluster_n - rows.n
-            squares = squares - padding * mean * mean
-        rstd = cute.math.rsqrt(squares * inv_n + eps, fastmath=True)
+            mean = h.reduce(cute.ReductionOp.ADD, Float32(0.0), 0) / cute.arch.fmax(count, Float32(1.0))
+        h = h - mean
+        # Padding was read as 0, so each padded value added mean^2: take them out.
+        deviations = (h * h).reduce(cute.ReductionOp.ADD, Float32(0.0), 0) \
+            - (Float32(rows.elems_per_thread) - count) * mean * mean
+        _, mean, squares = row_reduce(
+            (count, mean, deviations), _merge_moments, (Float32(0.0), Float32(0.0), Float32(0.0)),
+            rows.threads_per_row, buffer[None, None, None, 0], mbar_ptr, rows.cluster_n,
+            cute.arch.cluster_wait if const_expr(rows.cluster_n > 1) else None,
+        )
+        rstd = cute.math.rsqrt(squares * (1.0 / rows.n) + eps, fastmath=True)
         read_fragment(tXsX, tXrX, pred, mX.element_type(0))
         y = (tXrX.load().to(Float32) - mean) * rstd
         if const_expr(cfg.weight):
