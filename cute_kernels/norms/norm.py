@@ -1,7 +1,8 @@
 """RMSNorm and LayerNorm over the last dim of a (M, N) tensor, forward and backward, for
 Hopper (sm_90a).
 
-Forward, per row (math in fp32, the row read once into registers):
+Forward, per row (math in fp32, the row read once into registers; LayerNorm rows split over a
+cluster stage x in shared memory instead and reduce (count, mean, squared deviations) once):
     h = x (+ residual, stored as the residual output)
     RMSNorm:   rstd = 1 / sqrt(mean(h^2) + eps),        y = h * rstd * w
     LayerNorm: mean = mean(h), rstd = 1 / sqrt(mean((h - mean)^2) + eps),
@@ -13,8 +14,8 @@ Backward, with xhat = (h - mean) * rstd and g = dy * w:
        + dh_out (the gradient reaching the residual output, when there is one)
     dw = sum over rows of dy * xhat,   db = sum over rows of dy
 The backward grid is persistent: ``num_ctas`` CTAs walk the row tiles, each accumulating its
-dw / db in registers, then writing one fp32 partial row; the op sums the partials (a fixed
-order: results are deterministic, no atomics).
+dw / db in registers, then writing one fp32 partial row; ``ColumnSumSm90`` sums the partials
+(a fixed order: results are deterministic, no atomics).
 
 Dtypes: x, residual, y, dy, dx in float32, float16 or bfloat16; w, b in any of those.
 
@@ -252,7 +253,8 @@ class NormBwdSm90(_NormKernel):
     two-stage shared-memory pipeline: while tile k is computed, tile k + num_ctas is already
     in flight (cp.async; each thread copies and reads back only its own vectors, so no barrier
     is needed), and x, dy are read again from shared memory after the row reduction instead of
-    being kept in registers across it.
+    being kept in registers across it. The next tile's rstd (and mean) load during this one.
+    With ``config.ctas_per_sm`` the registers are capped so that many CTAs share an SM.
     """
 
     @cute.jit
