@@ -234,6 +234,26 @@ def test_fused_linear_cross_entropy_weight_grad_by_vocab_slices(bias, reduction,
 
 
 @gpu
+def test_fused_linear_cross_entropy_peak_memory_is_the_gradients_and_a_small_buffer():
+    # The logits live in the weight gradient's unwritten storage; only the last narrow slices
+    # take a buffer of its own (at most 1024 columns per token).
+    tokens, hidden, vocab = 4096, 1024, 32003
+    h = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16) / 32).requires_grad_()
+    t = torch.randint(0, vocab, (tokens,), device="cuda")
+    torch.autograd.grad(ck.fused_linear_cross_entropy(h, w, t), [h, w])  # cuBLAS workspace etc.
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    dh, dw = torch.autograd.grad(ck.fused_linear_cross_entropy(h, w, t), [h, w])
+    torch.cuda.synchronize()
+    extra = torch.cuda.max_memory_allocated() - base
+    gradients = 2 * (vocab * hidden + tokens * hidden)
+    assert extra <= gradients + 2 * tokens * 1024 + (1 << 20), (extra, gradients)
+    assert not dh.isnan().any() and not dw.isnan().any()
+
+
+@gpu
 def test_bad_inputs_raise_clear_errors():
     x = torch.randn(4, 10, device="cuda")
     t = torch.zeros(4, dtype=torch.long, device="cuda")

@@ -182,6 +182,19 @@ def test_column_sum_of_partials(b, rows, n):
 
 
 @gpu
+def test_max_active_clusters_is_within_the_device():
+    # The persistent backward's grid comes from it: at most what the SMs hold, nearly every
+    # SM for pairs.
+    from cute_kernels.runtime.arch import max_active_clusters, sm_count
+
+    sms = sm_count(0)
+    for cluster, per_sm in ((1, 3), (2, 1), (4, 3), (16, 1)):
+        clusters = max_active_clusters(0, cluster, per_sm)
+        assert 1 <= clusters <= sms * per_sm // cluster, (cluster, per_sm, clusters)
+    assert max_active_clusters(0, 2, 1) >= sms // 2 - 2  # pairs of SMs: nearly all of them
+
+
+@gpu
 @pytest.mark.parametrize("m", [0, 1])
 def test_tiny_batches(m):
     x = torch.randn(m, 512, device="cuda", requires_grad=True)
