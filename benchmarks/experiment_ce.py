@@ -12,6 +12,7 @@ prints where our Python time goes (cProfile).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import bench, bench_many, kernel_profile, make_input_sets, try_import  # noqa: E402
 
 import cute_kernels as ck  # noqa: E402
+from cute_kernels.norms.config import row_config  # noqa: E402
 from cute_kernels.norms.cross_entropy_op import _build_forward, vector_width  # noqa: E402
 from cute_kernels.runtime import get_kernel  # noqa: E402
 
@@ -131,6 +133,12 @@ def main():
     ref = torch.nn.functional.cross_entropy(sets[0][0].float(), sets[0][1], reduction="none")
     torch.testing.assert_close(run(*sets[0]), ref, atol=2e-3, rtol=2e-3)
     fns = {"kernel": run, "op, reduction=none": lambda x, t: ck.cross_entropy(x, t, reduction="none")}
+    # The row split over twice the CTAs (32 values per thread): 16-CTA clusters at V = 131072.
+    split = dataclasses.replace(config, row=row_config(v, config.row.vec, 2, tensors_held=4))
+    if split.row != config.row:
+        wide = get_kernel(cls, split, specs)
+        fns[f"kernel, {split.row.cluster_n} CTAs per row"] = (
+            lambda x, t: wide(x, t, loss, lse, None, None, -100, 0.0, 0.0))
     quack = try_import("quack.cross_entropy")
     if quack is not None:
         fns["quack"] = lambda x, t: quack.cross_entropy_fwd(x, t)
