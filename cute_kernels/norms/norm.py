@@ -102,6 +102,13 @@ class _NormKernel(RowKernel):
         load_fragments(bounds_predicate(coords, None, rows), (tWgW, tWrW, None, mW.element_type(0)))
         return tWrW
 
+    def _store(self, mT: cute.Tensor, tile, pred, values) -> None:
+        """Store fp32 ``values`` (this thread's fragment of ``tile``) into ``mT``, converted."""
+        tXgT = self._fragment(mT, tile)
+        tXrT = cute.make_rmem_tensor_like(tXgT)
+        tXrT.store(values.to(mT.element_type))
+        store_fragment(tXrT, tXgT, pred)
+
     def _fragment(self, mT: cute.Tensor, tile):
         if const_expr(mT is None):
             return None
@@ -146,10 +153,7 @@ class NormFwdSm90(_NormKernel):
         h = tXrX.load().to(Float32)
         if const_expr(cfg.residual):
             h = h + tXrR.load().to(Float32)
-            tXgH = self._fragment(mH, tile)
-            tXrH = cute.make_rmem_tensor_like(tXgH)
-            tXrH.store(h.to(mH.element_type))
-            store_fragment(tXrH, tXgH, pred)
+            self._store(mH, tile, pred, h)
 
         wait = cute.arch.cluster_wait if const_expr(rows.cluster_n > 1) else None
         inv_n = 1.0 / rows.n
@@ -181,10 +185,7 @@ class NormFwdSm90(_NormKernel):
             y = y * w
         if const_expr(cfg.bias):
             y = y + b
-        tXgY = self._fragment(mY, tile)
-        tXrY = cute.make_rmem_tensor_like(tXgY)
-        tXrY.store(y.to(mY.element_type))
-        store_fragment(tXrY, tXgY, pred)
+        self._store(mY, tile, pred, y)
         self._store_row_stats(mX, tile, rstd, mean, mRstd, mMean)
 
     @cute.jit
@@ -230,10 +231,7 @@ class NormFwdSm90(_NormKernel):
             y = y * w.load().to(Float32)
         if const_expr(cfg.bias):
             y = y + b.load().to(Float32)
-        tXgY = self._fragment(mY, tile)
-        tXrY = cute.make_rmem_tensor_like(tXgY)
-        tXrY.store(y.to(mY.element_type))
-        store_fragment(tXrY, tXgY, pred)
+        self._store(mY, tile, pred, y)
         self._store_row_stats(mX, tile, rstd, mean, mRstd, mMean)
 
     @cute.jit
