@@ -31,6 +31,26 @@ def test_cpu_tensor_is_refused():
         ck.cross_entropy(torch.randn(4, 8), torch.zeros(4, dtype=torch.long))
 
 
+@pytest.mark.parametrize("tokens,hidden,vocab",
+                         [(8192, 4096, 128256), (333, 256, 5003), (1000, 512, 32000), (2000, 64, 3001)])
+def test_weight_gradient_slices_keep_their_logits_above_the_rows_they_write(tokens, hidden, vocab):
+    from cute_kernels.norms.cross_entropy_op import SLICE_COLUMNS, _slab_in_place
+
+    flat = torch.empty(vocab * hidden, dtype=torch.bfloat16)  # only views of it are taken
+    v0 = 0
+    while True:
+        width, logits = _slab_in_place(flat, v0, tokens, hidden, vocab, 8)
+        if logits is None:
+            break
+        start, stride = logits.storage_offset(), logits.stride(0)
+        assert width >= SLICE_COLUMNS[0] and width % 8 == 0 and logits.shape == (tokens, width)
+        assert start % 8 == 0 and stride % 8 == 0  # 16-byte rows for the GEMM's TMA
+        assert start >= (v0 + width) * hidden  # clear of this and every earlier slice's rows
+        assert start + tokens * stride <= vocab * hidden
+        v0 += width
+    assert v0 < vocab  # the rest goes to the separate buffer
+
+
 def test_chunk_rows_matches_memory_budget():
     # hidden 8192x4096 bf16 = 64 MiB; vocab 128256: 64 MiB / (128256 * 2) -> 256 rows
     assert chunk_rows(8192, 4096, 128256, 2, 80 << 30) == 256

@@ -64,6 +64,25 @@ def test_backward_row_limit():
         row_config(131073, 1, 2, tensors_held=4)
 
 
+def test_backward_launch_shapes():
+    from cute_kernels.norms.norm_op import backward_ctas_per_sm, backward_rows
+
+    def shape(n):
+        rows = backward_rows(n, 8, 2)
+        return rows.threads_per_row, rows.num_threads, rows.cluster_n
+
+    assert shape(1024) == (32, 256, 1)  # short rows share a 256-thread CTA
+    assert shape(4096) == (128, 128, 1)
+    assert shape(16384) == (128, 128, 4)
+    assert shape(65536) == (128, 128, 16)
+    assert shape(131072) == (256, 256, 16)  # one 256-thread CTA per SM, 16 per row
+    rows = backward_rows(4096, 8, 2)
+    assert backward_ctas_per_sm(rows, 2, 2, residual=False) == 3
+    assert backward_ctas_per_sm(rows, 2, 2, residual=True) == 2  # registers for dh
+    assert backward_ctas_per_sm(rows, 4, 4, residual=False) == 2  # fp32 stages: shared memory
+    assert backward_ctas_per_sm(backward_rows(131072, 8, 2), 2, 2, residual=False) == 1
+
+
 def test_references_agree_with_torch():
     x, w, b = torch.randn(3, 10, dtype=torch.float64), torch.randn(10, dtype=torch.float64), torch.randn(10, dtype=torch.float64)
     torch.testing.assert_close(rms_norm_ref(x, w, 1e-6), F.rms_norm(x, (10,), w, 1e-6))
