@@ -93,8 +93,13 @@ def max_active_clusters(index: int, cluster_size: int, ctas_per_sm: int = 1) -> 
         if cluster_size == 1:
             _MAX_CLUSTERS[key] = sm_count(index) * ctas_per_sm
         else:
-            with torch.cuda.device(index):
-                _MAX_CLUSTERS[key] = _occupancy_clusters(index, cluster_size, ctas_per_sm)
+            try:
+                with torch.cuda.device(index):
+                    _MAX_CLUSTERS[key] = _occupancy_clusters(index, cluster_size, ctas_per_sm)
+            except Exception:
+                # A DSL without the empty kernel or a driver error: fall back to the SM count
+                # bound. A persistent grid that large is still correct, only slower.
+                _MAX_CLUSTERS[key] = max(1, sm_count(index) * ctas_per_sm // cluster_size)
     return _MAX_CLUSTERS[key]
 
 
