@@ -41,8 +41,8 @@ def _build_forward(key, vec):
     # so two CTAs fit (LayerNorm at 4096 x 131072: 1841 -> 2423 GB/s, benchmarks/NOTES.md).
     late = rows.cluster_n > 1 and held > 1 and rows.elems_per_thread * held > 128
     # Better still without a residual and with 16-bit x, weight and bias: x through shared
-    # memory, read again after each reduction, and the 16-bit weight and bias loaded up front
-    # (LayerNorm at 4096 x 131072: 2427 -> 2655 GB/s, benchmarks/NOTES.md).
+    # memory, read again after the one reduction and for the output, and the 16-bit weight and
+    # bias loaded up front (LayerNorm at 4096 x 131072: 2427 -> 2714 GB/s, benchmarks/NOTES.md).
     stage_x = (late and r_t is None and vec * ITEMSIZE[x_t] >= 4
                and all(t is None or ITEMSIZE[t] == 2 for t in (x_t, w_t, b_t)))
     config = NormConfig(rows, layer_norm, w_t is not None, b_t is not None, r_t is not None,
