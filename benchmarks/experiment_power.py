@@ -1,0 +1,79 @@
+"""SM clock and board power while one fp8 GEMM runs back to back (nvidia-smi sampled every 50 ms).
+
+    python benchmarks/experiment_power.py [--shape MxNxK] [--configs as experiment_gemm] [--seconds S]
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cute_kernels.gemm.config import Epilogue, GemmConfig  # noqa: E402
+from cute_kernels.gemm.kernel_sm90 import GemmSm90  # noqa: E402
+from cute_kernels.gemm.op import _free_spec, _operand_spec  # noqa: E402
+from cute_kernels.runtime import ScalarSpec, StreamSpec, get_kernel  # noqa: E402
+from cute_kernels.runtime.arch import sm_count  # noqa: E402
+
+
+def sampled(fn, seconds, flops):
+    fn()
+    torch.cuda.synchronize()
+    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                            "-lms", "50"], stdout=subprocess.PIPE, text=True)
+    start, calls = time.perf_counter(), 0
+    begin = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    begin.record()
+    while time.perf_counter() - start < seconds:
+        for _ in range(20):
+            fn()
+        calls += 20
+        torch.cuda.synchronize()
+    end.record()
+    torch.cuda.synchronize()
+    smi.terminate()
+    rows = [line.split(",") for line in smi.communicate()[0].splitlines() if "," in line]
+    rows = rows[len(rows) // 4:]  # after the ramp
+    clock = sum(float(r[0]) for r in rows) / max(1, len(rows))
+    power = sum(float(r[1]) for r in rows) / max(1, len(rows))
+    tf = flops * calls / (begin.elapsed_time(end) * 1e-3) / 1e12
+    return clock, power, tf
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shape", default="8192x8192x8192")
+    parser.add_argument("--configs", default="s,none")
+    parser.add_argument("--seconds", type=float, default=3.0)
+    args = parser.parse_args()
+    m, n, k = (int(v) for v in args.shape.split("x"))
+    a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn).t()
+    d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    one = torch.ones(max(m, n), device="cuda")
+    sa, sb = one[:m], one[:n]
+    fns = {}
+    for text in args.configs.split(","):
+        split = text == "s"
+        cfg = GemmConfig(128, 256, 1, 1, 8, sm_count(0), epilogue=Epilogue(row_scale=True, col_scale=True),
+                         fp8_promote_every=1 if split else 0, fp8_split_n=split)
+        specs = (_operand_spec(a), _operand_spec(b), _operand_spec(d), None, None, _free_spec(sa),
+                 _free_spec(sb), ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
+        kernel = get_kernel(GemmSm90, cfg, specs)
+        fns[f"ours-{text}"] = lambda kernel=kernel: kernel(a, b, d, None, None, sa, sb, 1.0, 0.0)
+    s = one[0]
+    fns["cublas-exact"] = lambda: torch._scaled_mm(a, b, s, s, out_dtype=torch.bfloat16)
+    fns["cublas-fast"] = lambda: torch._scaled_mm(a, b, s, s, out_dtype=torch.bfloat16, use_fast_accum=True)
+    for name, fn in fns.items():
+        clock, power, tf = sampled(fn, args.seconds, 2 * m * n * k)
+        print(f"{args.shape} {name}: {tf:.0f} TFLOP/s, SM clock {clock:.0f} MHz, power {power:.0f} W", flush=True)
+
+
+if __name__ == "__main__":
+    main()
