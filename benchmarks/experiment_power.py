@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import argparse
-import re
 import subprocess
 import sys
 import time
