@@ -1,13 +1,13 @@
 """Time the LayerNorm / RMSNorm forward kernel (weight and bias) under different row splits,
 side by side in one run (L2-cold inputs, interleaved rounds).
 
-    python benchmarks/experiment_norms.py [--shapes MxN,...] [--held 1,3,1l] [--rms]
+    python benchmarks/experiment_norms.py [--shapes MxN,...] [--held 1,3,1l,1s,1w] [--rms]
     python benchmarks/experiment_norms.py --backward op,128/128/1/264 [--shapes ...] [--rms]
 
 ``--held H`` builds the row split as if each thread kept H row-sized fragments in registers
 (``row_config(..., tensors_held=H)``): more held fragments split the row over more threads.
 A trailing ``l`` loads the weight and bias after the row reductions (``late_affine``), a
-trailing ``s`` stages x through shared memory (``stage_x``).
+trailing ``s`` stages x through shared memory (``stage_x``); ``w`` splits rows of 8 CTAs over 16.
 
 ``--backward V,...`` times the backward kernel (dx, dw and for LayerNorm db) in launch shapes
 ``threads_per_row/threads_per_cta/cluster_n/grid[/ctas_per_sm]`` (grid in clusters; the
@@ -58,9 +58,11 @@ def main():
                else torch.nn.functional.rms_norm(x0.float(), (n,), w.float(), 1e-5))
         fns = {}
         for text in args.held.split(","):
-            held, late, staged = int(text.rstrip("ls")), text.endswith("l"), text.endswith("s")
-            rows = row_config(n, 8, 2, tensors_held=held)
-            config = NormConfig(rows, layer_norm, True, layer_norm, False, late_affine=late, stage_x=staged)
+            held, flags = int(text.rstrip("lsw")), text.lstrip("0123456789")
+            late, staged = "l" in flags, "s" in flags
+            rows = row_config(n, 8, 2, tensors_held=held, wide_clusters="w" in flags)
+            config = NormConfig(rows, layer_norm, True, layer_norm, False, late_affine=late,
+                                stage_x=staged)
             kernel = get_kernel(NormFwdSm90, config, specs)
 
             def run(x, kernel=kernel):

@@ -29,13 +29,17 @@ _PARTIAL = TensorSpec("float32", (Sym("ctas"), Sym("n_partial")), (Sym(), 1), 4)
 def _build_forward(key, vec):
     x_t, r_t, w_t, b_t, y_t, h_t, layer_norm, n = key
     widest = widest_itemsize((x_t, r_t, y_t, h_t, w_t, b_t))
-    rows = row_config(n, vec, widest, tensors_held=1)
+    # RMSNorm rows that would take 8 CTAs take 16 (32 values per thread; measured on H100 at
+    # 4096 x 131072 bf16: 2988 -> 3033 GB/s, benchmarks/NOTES.md). LayerNorm keeps 8: its two
+    # reductions (or the staged x below) lose with the wider split.
+    wide = not layer_norm
+    rows = row_config(n, vec, widest, tensors_held=1, wide_clusters=wide)
     # The residual, weight and bias slices stay in registers next to x: with 32-bit data, or
     # more than 256 values per thread in all, the row is split further to keep them out of
     # local memory (the compile tests check every combination for spills).
     held = 1 + sum(t is not None for t in (r_t, w_t, b_t))
     if (widest >= 4 and held > 1) or rows.elems_per_thread * held > 256:
-        rows = row_config(n, vec, widest, tensors_held=held)
+        rows = row_config(n, vec, widest, tensors_held=held, wide_clusters=wide)
     # A row split over a cluster holds one CTA per SM when the weight and bias stay in
     # registers across the reduction (over 128 values per thread): load them after it instead,
     # so two CTAs fit (LayerNorm at 4096 x 131072: 1841 -> 2423 GB/s, benchmarks/NOTES.md).
