@@ -83,6 +83,23 @@ def test_backward_launch_shapes():
     assert backward_ctas_per_sm(backward_rows(131072, 8, 2), 2, 2, residual=False) == 1
 
 
+def test_forward_launch_shapes():
+    from cute_kernels.norms.norm_op import _build_forward
+
+    bf16 = torch.bfloat16
+
+    def config(n, layer_norm, residual=None):
+        key = (bf16, residual, bf16, bf16 if layer_norm else None, bf16, residual, layer_norm, n)
+        return _build_forward(key, 8)[1]
+
+    rms, ln = config(131072, False), config(131072, True)
+    assert (rms.row.cluster_n, rms.row.elems_per_thread, rms.stage_x) == (16, 32, False)
+    assert (ln.row.cluster_n, ln.row.elems_per_thread, ln.stage_x) == (8, 64, True)
+    assert config(131072, False, bf16).row.cluster_n == 16  # with a residual too
+    assert config(65536, False).row.cluster_n == 4  # only rows of 8 CTAs are split further
+    assert not config(65536, True, bf16).stage_x  # a residual keeps the late-affine path
+
+
 def test_references_agree_with_torch():
     x, w, b = torch.randn(3, 10, dtype=torch.float64), torch.randn(10, dtype=torch.float64), torch.randn(10, dtype=torch.float64)
     torch.testing.assert_close(rms_norm_ref(x, w, 1e-6), F.rms_norm(x, (10,), w, 1e-6))
