@@ -265,6 +265,9 @@ class NormBwdSm90(_NormKernel):
     @cute.kernel
     def kernel(self, mX, mW, mdY, mRstd, mMean, mdH, mdX, mdW, mdB, num_ctas: Int32):
         cfg, rows = self.config, self.rows
+        # The column sum of the partials (launched next, as a programmatic dependent) may be
+        # placed on the SMs as this grid's CTAs leave; it waits for this grid to finish.
+        cute.arch.griddepcontrol_launch_dependents()
         staged = const_expr(rows.vec * min(mX.element_type.width, mdY.element_type.width) >= 32)
         smem = cutlass.memory.SmemAllocator()
         buffer, mbar_ptr = reduction_workspace(smem, rows, 2 if const_expr(cfg.layer_norm) else 1, 2)
@@ -389,30 +392,38 @@ class NormBwdSm90(_NormKernel):
                 mPart[bidx, col0 + col] = total
 
 
-COLUMN_SUM_WARPS = 32  # warps per CTA of ColumnSumSm90; each lane adds 4 columns
+COLUMN_SUM_WARPS = 32  # warps per CTA of ColumnSumSm90
 
 
 class ColumnSumSm90:
     """out[b, c] = sum over r of part[b, r, c] for fp32 (B, R, N) partials (the backward's
     per-CTA dw and db rows), in a fixed order, so the result is deterministic.
 
-    One CTA per 128 columns of one b: warp w adds rows w, w + 32, ... with 16-byte loads (lane
-    l holds columns 4l .. 4l + 3), then the 32 warp sums are added in warp order. Many warps,
-    few rows each: the loads are latency-bound, not bandwidth-bound.
+    One CTA per ``config`` (32 or 128) columns of one b: 32 columns spread a few hundred rows
+    of a few thousand columns over every SM, 128 keep the CTAs long enough for wide rows. With
+    L = config / 4 lanes per row, lane l of warp w adds columns 4 (l % L) .. + 3 of rows
+    (32 / L) w + l // L, then 32 (32 / L) rows further, ... (16-byte loads, four in flight
+    per thread); the warp's row groups are added by shuffles, then the 32 warp sums in warp
+    order. Launched as a programmatic dependent of the
+    kernel before it on the stream: its CTAs are placed while that kernel's last CTAs finish
+    and wait for its results (``griddepcontrol.wait``; a no-op without such a kernel).
 
     Constraints:
       - part fp32 (B, R, N), R >= 1, N a multiple of 4, rows 16-byte aligned; out fp32 (B, N)
     """
 
-    def __init__(self, config=None):
+    def __init__(self, config: int = 32):
+        if config not in (32, 128):
+            raise ValueError(f"ColumnSumSm90 covers 32 or 128 columns per CTA, got {config}")
         self.config = config
 
     @cute.jit
     def __call__(self, mPart: cute.Tensor, mOut: cute.Tensor, stream):
         self.kernel(mPart, mOut).launch(
-            grid=[cute.ceil_div(mPart.shape[2], 128), mPart.shape[0], 1],
+            grid=[cute.ceil_div(mPart.shape[2], self.config), mPart.shape[0], 1],
             block=[32 * COLUMN_SUM_WARPS, 1, 1],
             stream=stream,
+            use_pdl=True,
         )
 
     @cute.kernel
@@ -421,23 +432,32 @@ class ColumnSumSm90:
         bidx, b, _ = cute.arch.block_idx()
         warp, lane = tidx // 32, tidx % 32
         smem = cutlass.memory.SmemAllocator()
+        columns = const_expr(self.config)
+        lanes = const_expr(columns // 4)  # lanes per row
         sums = smem.allocate_tensor(
-            Float32, cute.make_ordered_layout((COLUMN_SUM_WARPS, 128), order=(1, 0)), 16
+            Float32, cute.make_ordered_layout((COLUMN_SUM_WARPS, columns), order=(1, 0)), 16
         )
         acc = cute.make_rmem_tensor(cute.make_layout(4), Float32)
         acc.fill(0.0)
         vector = cute.make_rmem_tensor(cute.make_layout(4), Float32)
         atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Float32, num_bits_per_copy=128)
-        chunk = bidx * 32 + lane  # this lane's group of 4 columns
+        chunk = bidx * lanes + lane % lanes  # this lane's group of 4 columns
+        rows_per_warp = const_expr(32 // lanes)
+        cute.arch.griddepcontrol_wait()
         if chunk * 4 < mPart.shape[2]:
-            for r in cutlass.range(warp, mPart.shape[1], COLUMN_SUM_WARPS, unroll=4):
+            for r in cutlass.range(warp * rows_per_warp + lane // lanes, mPart.shape[1],
+                                   rows_per_warp * COLUMN_SUM_WARPS, unroll=4):
                 cute.copy(atom, cute.local_tile(mPart[b, r, None], (4,), (chunk,)), vector)
                 acc.store(acc.load() + vector.load())
         for i in cutlass.range_constexpr(4):
-            sums[warp, lane * 4 + i] = acc[i]
+            value = acc[i]
+            for step in cutlass.range_constexpr(rows_per_warp.bit_length() - 1):  # log2
+                value = value + cute.arch.shuffle_sync_bfly(value, offset=lanes << step)
+            if lane < lanes:
+                sums[warp, lane * 4 + i] = value
         cute.arch.barrier()
-        column = bidx * 128 + tidx
-        if tidx < 128 and column < mPart.shape[2]:
+        column = bidx * columns + tidx
+        if tidx < columns and column < mPart.shape[2]:
             total = Float32(0.0)
             for w in cutlass.range_constexpr(COLUMN_SUM_WARPS):
                 total += sums[w, tidx]

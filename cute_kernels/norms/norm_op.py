@@ -266,16 +266,23 @@ _COLUMN_SUM_SPECS = (
     TensorSpec("float32", (Sym("b"), Sym("n", divisibility=4)), (Sym(divisibility=4), 1), 16),
     StreamSpec(),
 )
-_column_sum_kernel: list = []
+_column_sum_kernels: dict = {}
+
+
+def column_sum_width(n: int) -> int:
+    """Columns per CTA of the column sum: 32 spread rows of up to 16384 columns over every SM;
+    wider rows take 128, so each CTA still reads tens of KB."""
+    return 32 if n <= 16384 else 128
 
 
 @kernel_op("column_sum", mutates_args=("out",))
 def column_sum(part: torch.Tensor, out: torch.Tensor) -> None:
     """out = part.sum(1) for fp32 (B, R, N) ``part`` (R >= 1, N % 4 == 0, 16-byte rows), adding
     the rows in a fixed order (deterministic)."""
-    if not _column_sum_kernel:
-        _column_sum_kernel.append(get_kernel(ColumnSumSm90, None, _COLUMN_SUM_SPECS))
-    _column_sum_kernel[0](part, out)
+    width = column_sum_width(part.shape[2])
+    if width not in _column_sum_kernels:
+        _column_sum_kernels[width] = get_kernel(ColumnSumSm90, width, _COLUMN_SUM_SPECS)
+    _column_sum_kernels[width](part, out)
 
 
 def _norm(x, weight, bias, residual, eps, layer_norm, out_dtype):
@@ -350,7 +357,8 @@ def compile_configurations(quick: bool = False):
         found[("fwd",) + fwd] = _build_forward(fwd, vec)
         bwd = (x_t, wt, x_t, r_t, x_t, layer_norm, weight, bias, n)
         found[("bwd",) + bwd] = _build_backward(bwd, vec)
-    found[("column_sum",)] = (ColumnSumSm90, None, _COLUMN_SUM_SPECS)
+    for width in (32, 128):
+        found[("column_sum", width)] = (ColumnSumSm90, width, _COLUMN_SUM_SPECS)
     return list(found.values())
 
 
