@@ -65,6 +65,8 @@ def run_on_gpu() -> int:
 def _describe(config) -> str:
     if config is None:  # a kernel with nothing to configure
         return "-"
+    if isinstance(config, int):  # a kernel configured by one number (the column sum's width)
+        return str(config)
     fields = []
     for key, value in vars(config).items():
         if hasattr(value, "__dataclass_fields__"):
