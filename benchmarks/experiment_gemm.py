@@ -82,6 +82,8 @@ def main():
         if args.fp8:
             scale = one[0]
             fns["cublas"] = lambda a, b: torch._scaled_mm(a[0], b[0], scale, scale, out_dtype=torch.bfloat16)
+            fns["cublas fast"] = lambda a, b: torch._scaled_mm(a[0], b[0], scale, scale, out_dtype=torch.bfloat16,
+                                                               use_fast_accum=True)
         else:
             fns["cublas"] = lambda a, b: torch.matmul(a[0], b[0])
         ms = bench_many(fns, sets, rounds=3, reps=20)
