@@ -61,10 +61,13 @@ TILE_EFFICIENCY = {(128, 256): 1.0, (128, 128): 0.7}
 # column-split promotion (measured 1152 / 1176 vs 1018 / 902 TFLOP/s for 128 x 128 at 4096^3 /
 # 8192^3, benchmarks/NOTES.md).
 FP8_TILE_EFFICIENCY = {(128, 256): 1.0, (128, 128): 0.85}
+# fp8 without promotion (fast accumulation): 1314 / 1358 vs 1058 / 1030 TFLOP/s at 4096^3 /
+# 8192^3 (benchmarks/NOTES.md).
+FP8_FAST_TILE_EFFICIENCY = {(128, 256): 1.0, (128, 128): 0.8}
 
 
 def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: int,
-                  epilogue: Epilogue = Epilogue()) -> GemmConfig:
+                  epilogue: Epilogue = Epilogue(), fast_accum: bool = False) -> GemmConfig:
     """Tile and cluster shape for a (batch x) M x N x K problem.
 
     128 x 256 (two MMA warpgroups of 64 x 256) and 128 x 128 tiles are scored by their wave
@@ -72,14 +75,17 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
     efficiency; the cheapest wins, so small problems shrink the tile until more SMs have work.
     M <= 128 takes 64 x 128 tiles (one warpgroup), with a 2-CTA cluster along M sharing B when
     M > 64; fp8 chooses between 128 x 256 (column-split promotion) and 128 x 128 the same way as
-    16-bit; short K with many tiles takes the ping-pong schedule. A 2-CTA cluster along M halves
+    16-bit (``fast_accum``: no promotion, one accumulator, 128 x 256 without the split); short K
+    with many tiles takes the ping-pong schedule. A 2-CTA cluster along M halves
     B traffic from L2 when there are enough tiles to fill the clusters. The grid is persistent:
     at most one CTA per SM.
     """
     def tiles(tm, tn):
         return -(-m // tm) * -(-n // tn) * batch
 
-    efficiency = FP8_TILE_EFFICIENCY if itemsize == 1 else TILE_EFFICIENCY
+    fast_accum = fast_accum and itemsize == 1
+    efficiency = (TILE_EFFICIENCY if itemsize != 1 else
+                  FP8_FAST_TILE_EFFICIENCY if fast_accum else FP8_TILE_EFFICIENCY)
 
     def cost(shape):
         tm, tn = shape
@@ -100,11 +106,13 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
     if pingpong:
         tile_m, tile_n = 128, 192
     # fp8 at 128 x 256 folds after each column half of every k-tile; measured a little faster
-    # without the cluster (1176 vs 1134 at 8192^3).
-    split = itemsize == 1 and tile_n == 256
+    # without the cluster (1176 vs 1134 at 8192^3), and so without promotion (1315 vs 1206 at
+    # 8192^3; 1295 vs 1317 at 4096^3).
+    split = itemsize == 1 and tile_n == 256 and not fast_accum
     enough = tiles(tile_m, tile_n) >= 2 * sm_count or 64 < m <= 128
-    cluster_m = 2 if enough and not split and -(-m // tile_m) % 2 == 0 else 1
-    promote = (1 if split else 4) if itemsize == 1 else 0
+    one_cta = itemsize == 1 and tile_n == 256
+    cluster_m = 2 if enough and not one_cta and -(-m // tile_m) % 2 == 0 else 1
+    promote = (1 if split else 4) if itemsize == 1 and not fast_accum else 0
     return GemmConfig(tile_m, tile_n, cluster_m, 1, 8, max(1, sm_count // cluster_m),
                       epilogue=epilogue, fp8_promote_every=promote, fp8_split_n=split,
                       pingpong=pingpong)

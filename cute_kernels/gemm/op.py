@@ -90,22 +90,23 @@ def _padded_row_major(t: torch.Tensor, cols_multiple: int) -> torch.Tensor:
     "gemm",
     mutates_args=("d",),
     schema="(Tensor a, Tensor b, Tensor(a!) d, Tensor? c, Tensor? bias, Tensor? scale_a, "
-    "Tensor? scale_b, float alpha, float beta, str? activation, bool tuned) -> ()",
+    "Tensor? scale_b, float alpha, float beta, str? activation, bool tuned, "
+    "bool fast_accum=False) -> ()",
 )
 def gemm_out(a, b, d, c, bias, scale_a, scale_b, alpha: float, beta: float, activation,
-             tuned: bool) -> None:
+             tuned: bool, fast_accum: bool = False) -> None:
     """d[L, M, N] = epilogue(a[L, M, K] @ b[L, K, N]) (or without L); operands TMA-compatible."""
     a, b = _aligned(a), _aligned(b)
     if d.data_ptr() % 16:
         staged = _aligned(d)
-        gemm_out(a, b, staged, c, bias, scale_a, scale_b, alpha, beta, activation, tuned)
+        gemm_out(a, b, staged, c, bias, scale_a, scale_b, alpha, beta, activation, tuned, fast_accum)
         d.copy_(staged)
         return
-    _kernel_for(a, b, d, c, bias, scale_a, scale_b, activation, tuned)(
+    _kernel_for(a, b, d, c, bias, scale_a, scale_b, activation, tuned, fast_accum)(
         a, b, d, c, bias, scale_a, scale_b, alpha, beta)
 
 
-def _kernel_for(a, b, d, c, bias, scale_a, scale_b, activation, tuned=False):
+def _kernel_for(a, b, d, c, bias, scale_a, scale_b, activation, tuned=False, fast_accum=False):
     """The compiled kernel for these operands: configuration from ``choose_config``, or with
     ``tuned`` the fastest of a few timed on these operands (``tuning.py``)."""
     m, k = a.shape[-2:]
@@ -113,20 +114,20 @@ def _kernel_for(a, b, d, c, bias, scale_a, scale_b, activation, tuned=False):
     batch = a.shape[0] if a.dim() == 3 else 1
     key = (a.dim(), a.dtype, b.dtype, d.dtype, _major(a), _major(b), m, n, k, batch,
            None if c is None else (c.dtype, c.dim()), None if bias is None else bias.dtype,
-           scale_a is not None, scale_b is not None, activation, tuned)
+           scale_a is not None, scale_b is not None, activation, fast_accum, tuned)
     fn = _kernels.get(key)
     if fn is None:
         epilogue = Epilogue(bias is not None, c is not None, activation, scale_a is not None,
                             scale_b is not None)
         sms = sm_count(a.device.index or 0)
-        config = choose_config(m, n, k, batch, a.element_size(), sms, epilogue)
+        config = choose_config(m, n, k, batch, a.element_size(), sms, epilogue, fast_accum)
         specs = (_operand_spec(a), _operand_spec(b), _operand_spec(d), _free_spec(c),
                  _free_spec(bias), _free_spec(scale_a), _free_spec(scale_b),
                  ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
         if tuned:
             scratch = torch.empty_like(d)  # timed launches never touch the caller's output
             config = tuned_config(
-                repr((target_arch(), key[:-1])), config, m, sms,
+                repr((target_arch(), key[:-1])), config, m, sms, a.element_size() == 1,
                 lambda cfg: get_kernel(GemmSm90, cfg, specs),
                 lambda fn: fn(a, b, scratch, c, bias, scale_a, scale_b, 1.0, 0.0))
         fn = _kernels[key] = get_kernel(GemmSm90, config, specs)
@@ -182,7 +183,7 @@ def gemm_with_config(a, b, out, bias, config: GemmConfig) -> None:
 
 
 def _run(a, b, out_dtype, bias, alpha, beta, c, activation, out, scale_a=None, scale_b=None,
-         tuned=False):
+         tuned=False, fast_accum=False):
     m, n = a.shape[-2], b.shape[-1]
     shape = (*a.shape[:-2], m, n)
     if out is not None:
@@ -206,7 +207,7 @@ def _run(a, b, out_dtype, bias, alpha, beta, c, activation, out, scale_a=None, s
             a2, b2 = _prepare(a, b, 16 // a.element_size())
             c2 = None if c is None else torch.broadcast_to(c, shape)
             gemm_out(a2, b2, d, c2, bias, scale_a, scale_b, float(alpha), float(beta), activation,
-                     tuned)
+                     tuned, fast_accum)
     return d
 
 
@@ -340,13 +341,16 @@ def gemm(a, b, *, bias=None, alpha: float = 1.0, beta: float = 0.0, c=None, acti
 _plans: dict = {}  # eager launch plans of plain gemm calls (see ``gemm``)
 
 
-def gemm_fp8(a, b, scale_a, scale_b, *, out_dtype=torch.bfloat16, bias=None, tuned: bool = False):
+def gemm_fp8(a, b, scale_a, scale_b, *, out_dtype=torch.bfloat16, bias=None, tuned: bool = False,
+             fast_accum: bool = False):
     """``(a @ b) * scale_a * scale_b (+ bias)`` with fp8 (e4m3 / e5m2) operands.
 
     ``scale_a``: fp32 scalar tensor (per tensor) or (M,) (per row of a); ``scale_b``: scalar or
     (N,) (per column of b). Accumulation keeps fp32 accuracy: the tensor-core accumulator is
     folded into a second fp32 accumulator every 128 values of K with 128 x 256 tiles (one column
-    half at a time), every 512 with the smaller tiles. ``tuned`` as in ``gemm``.
+    half at a time), every 512 with the smaller tiles. ``fast_accum=True`` never folds (the
+    tensor core's own accumulation over all of K, as ``torch._scaled_mm(use_fast_accum=True)``):
+    faster, less accurate for long K. ``tuned`` as in ``gemm``.
 
     Constraints:
       - a K-major (row-major (M, K)) and b K-major (column-major (K, N), i.e. ``w.t()`` of a
@@ -364,7 +368,8 @@ def gemm_fp8(a, b, scale_a, scale_b, *, out_dtype=torch.bfloat16, bias=None, tun
         if s.numel() not in (1, size) or s.dim() > 1:
             raise UnsupportedError(f"{name} must be a scalar or ({size},), got shape {tuple(s.shape)}")
         scales.append(s.reshape(-1).expand(size))
-    return _run(a, b, out_dtype, bias, 1.0, 0.0, None, None, None, scales[0], scales[1], tuned=tuned)
+    return _run(a, b, out_dtype, bias, 1.0, 0.0, None, None, None, scales[0], scales[1], tuned=tuned,
+                fast_accum=bool(fast_accum))
 
 
 def compile_configurations(quick: bool = False):
@@ -396,6 +401,10 @@ def compile_configurations(quick: bool = False):
     for tm, tn, cm in ((128, 128, 1), (128, 128, 2), (64, 128, 1), (64, 128, 2), (128, 256, 1), (128, 256, 2)):
         cfg = GemmConfig(tm, tn, cm, max_clusters=132 // cm, epilogue=Epilogue(row_scale=True, col_scale=True),
                          fp8_promote_every=1 if tn == 256 else 4, fp8_split_n=tn == 256)
+        found.append((GemmSm90, cfg, (fp8_row, fp8_col, out, None, None, f32, f32) + scalars))
+    # fp8 without promotion (fast_accum): the heuristic's tiles and the others tuned=True times.
+    for tm, tn, cm in ((128, 256, 1), (128, 256, 2), (128, 128, 1), (128, 128, 2), (64, 128, 1), (64, 128, 2)):
+        cfg = GemmConfig(tm, tn, cm, max_clusters=132 // cm, epilogue=Epilogue(row_scale=True, col_scale=True))
         found.append((GemmSm90, cfg, (fp8_row, fp8_col, out, None, None, f32, f32) + scalars))
     # Ping-pong configurations that tuned=True may pick (bf16 and fp8).
     for cm in (1, 2):

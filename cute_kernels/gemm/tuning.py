@@ -23,27 +23,30 @@ _lock = threading.Lock()
 _memory: dict = {}
 
 
-def candidates(base: GemmConfig, m: int, sms: int) -> list[GemmConfig]:
+def candidates(base: GemmConfig, m: int, sms: int, fp8: bool = False) -> list[GemmConfig]:
     """The heuristic's choice first, then the other tile / cluster / schedule shapes worth
     timing (ping-pong tiles are per warpgroup: 128 x 192 keeps 192 fp32 accumulators, fp8's
-    128 x 96 two accumulators of 96; fp8's 128 x 256 folds per column half)."""
+    128 x 96 two accumulators of 96; fp8's 128 x 256 folds per column half). fp8 without
+    promotion (fast accumulation) takes no ping-pong: 192 accumulators spill with its layouts."""
+    promote = base.fp8_promote_every > 0
     if m <= 64:
         shapes = [(64, 128, False)]
     elif m <= 128:
         shapes = [(64, 128, False), (128, 128, False)]
-    elif base.fp8_promote_every:
+    elif promote:
         shapes = [(128, 256, False), (128, 128, False), (128, 96, True)]
+    elif fp8:
+        shapes = [(128, 256, False), (128, 128, False)]
     else:
         shapes = [(128, 256, False), (128, 128, False), (128, 192, True)]
-    fp8 = base.fp8_promote_every > 0
     found = [base]
     for tile_m, tile_n, pingpong in shapes:
-        split = fp8 and tile_n == 256  # fp8 128 x 256 only with the column-split promotion
+        split = promote and tile_n == 256  # fp8 128 x 256 only with the column-split promotion
         for cluster_m in (1, 2):
             cfg = dataclasses.replace(base, tile_m=tile_m, tile_n=tile_n, cluster_m=cluster_m,
                                       max_clusters=max(1, sms // cluster_m), pingpong=pingpong,
                                       fp8_split_n=split,
-                                      fp8_promote_every=(1 if split else 4) if fp8 else 0)
+                                      fp8_promote_every=(1 if split else 4) if promote else 0)
             if cfg not in found:
                 found.append(cfg)
     return found
@@ -84,14 +87,14 @@ def _from_dict(entry: dict, base: GemmConfig) -> GemmConfig:
     return GemmConfig(**fields)
 
 
-def tuned_config(key: str, base: GemmConfig, m: int, sms: int, build, run) -> GemmConfig:
+def tuned_config(key: str, base: GemmConfig, m: int, sms: int, fp8: bool, build, run) -> GemmConfig:
     """The stored choice for ``key``, or the fastest of ``candidates`` (timed with ``run(build(cfg))``)."""
     with _lock:
         entry = _load().get(key)
         if entry is not None:
             return _from_dict(entry, base)
         best, best_ms = base, float("inf")
-        for cfg in candidates(base, m, sms):
+        for cfg in candidates(base, m, sms, fp8):
             fn = build(cfg)
             for _ in range(2):
                 run(fn)
