@@ -404,9 +404,9 @@ class ColumnSumSm90:
     L = config / 4 lanes per row, lane l of warp w adds columns 4 (l % L) .. + 3 of rows
     (32 / L) w + l // L, then 32 (32 / L) rows further, ... (16-byte loads, four in flight
     per thread); the warp's row groups are added by shuffles, then the 32 warp sums in warp
-    order. Launched as a programmatic dependent of the
-    kernel before it on the stream: its CTAs are placed while that kernel's last CTAs finish
-    and wait for its results (``griddepcontrol.wait``; a no-op without such a kernel).
+    order. Launched as a programmatic dependent of the kernel before it on the stream: its
+    CTAs are placed while that kernel's last CTAs finish and wait for its results
+    (``griddepcontrol.wait``; a no-op without such a kernel).
 
     Constraints:
       - part fp32 (B, R, N), R >= 1, N a multiple of 4, rows 16-byte aligned; out fp32 (B, N)
