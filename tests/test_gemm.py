@@ -302,17 +302,21 @@ def test_nan_propagates():
 
 @gpu
 @pytest.mark.parametrize("fast_accum", [False, True])
-@pytest.mark.parametrize("per_row", [False, True])
+@pytest.mark.parametrize("scales", ["tensor", "vector", "row_and_tensor", "tensor_and_column"])
 @pytest.mark.parametrize("fmt", [torch.float8_e4m3fn, torch.float8_e5m2])
-def test_fp8(per_row, fmt, fast_accum):
-    m, n, k = 320, 256, 2048
+def test_fp8(scales, fmt, fast_accum):
+    # Ragged M and N (tails of the 128 x 256 tile), each scale kind and their mixes: per-tensor
+    # scales are folded into alpha, vectors are read once per row / column in the epilogue.
+    m, n, k = 330, 264, 2048
     a = (torch.randn(m, k, device="cuda") * 0.5).to(fmt)
     w = (torch.randn(n, k, device="cuda") * 0.5).to(fmt)
     b = w.t()  # column-major (K, N): K-major
-    sa = torch.rand(m, device="cuda") + 0.5 if per_row else torch.tensor(0.7, device="cuda")
-    sb = torch.rand(n, device="cuda") + 0.5 if per_row else torch.tensor(1.3, device="cuda")
+    row_vector = scales in ("vector", "row_and_tensor")
+    col_vector = scales in ("vector", "tensor_and_column")
+    sa = torch.rand(m, device="cuda") + 0.5 if row_vector else torch.tensor(0.7, device="cuda")
+    sb = torch.rand(n, device="cuda") + 0.5 if col_vector else torch.rand(1, device="cuda") + 0.5
     y = ck.gemm_fp8(a, b, sa, sb, fast_accum=fast_accum)
-    ref = (a.double() @ b.double()) * (sa.double().reshape(-1, 1) if per_row else sa.double()) * sb.double()
+    ref = (a.double() @ b.double()) * (sa.double().reshape(-1, 1) if row_vector else sa.double()) * sb.double()
     err = (y.double() - ref).abs().max().item()
     assert err <= 1e-2 * ref.abs().max().item()
 

@@ -21,6 +21,10 @@ class Epilogue:
     activation: str | None = None
     row_scale: bool = False  # fp8: acc * scale_a[row]
     col_scale: bool = False  # fp8: acc * scale_b[col]
+    # fp8 per-tensor scales: one value each (scale_a[0], scale_b[0]), read once per CTA and
+    # folded into alpha; exclusive with the vector form of the same operand.
+    scalar_scale_a: bool = False
+    scalar_scale_b: bool = False
 
 
 @dataclass(frozen=True)

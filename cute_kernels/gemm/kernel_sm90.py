@@ -19,7 +19,7 @@ Design:
     ``fp8_promote_every`` k-tiles, so long K keeps fp32 accuracy; with ``fp8_split_n`` the MMA
     accumulator covers one column half of the tile and is folded after each half of every
     k-tile (so 128 x 256 tiles fit: 128 + 64 fp32 values per thread); per-row / per-column
-    scales are applied in the epilogue.
+    scales are applied in the epilogue, per-tensor scales are read once and folded into alpha.
 
 Tensors arrive in torch order: A (L, M, K), B (L, K, N), D and C (L, M, N), or without the L mode
 for one problem; any of them may be row- or column-major in its last two dims (transposed views
@@ -310,6 +310,11 @@ class GemmSm90:
         epi_barrier = 1 + wg if const_expr(self.pingpong) else 1
         buffer_base = wg * cfg.epi_stages if const_expr(self.pingpong) else 0
 
+        # Per-tensor fp8 scales: one multiplier for every value, folded into alpha once.
+        if const_expr(cfg.epilogue.scalar_scale_a):
+            alpha = alpha * mScaleA[0]
+        if const_expr(cfg.epilogue.scalar_scale_b):
+            alpha = alpha * mScaleB[0]
         cm_tiles, cn_tiles, total = schedule
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
@@ -416,12 +421,13 @@ class GemmSm90:
         sub_layout = cute.make_layout(gD_sub.shape[1], stride=(gD_sub.shape[1][1], 1))
         row0, col0 = m * cfg.tile_m, n * cfg.tile_n
         rows, cols = mD.shape[0], mD.shape[1]
+        row_scales = {}  # this thread's per-row scales of the tile, by row offset: read once
         for s in cutlass.range_constexpr(subtiles):
             for v in cutlass.range_constexpr(per_subtile):
                 tRS_rD[v] = tRS_acc[s * per_subtile + v]
             if const_expr(epi.bias or epi.residual or epi.row_scale or epi.col_scale):
-                self._apply_operands(tRS_rD, tRS_coords, s * per_subtile, mC, mBias, mScaleA,
-                                     mScaleB, alpha, beta, row0, col0, rows, cols, l)
+                self._apply_operands(tRS_rD, tRS_coords, s * per_subtile, row_scales, mC, mBias,
+                                     mScaleA, mScaleB, alpha, beta, row0, col0, rows, cols, l)
                 x = tRS_rD.load()
             else:
                 x = tRS_rD.load() * alpha
@@ -436,25 +442,44 @@ class GemmSm90:
                 store_pipe.producer_acquire()
             cute.arch.barrier(barrier_id=epi_barrier, number_of_threads=self.tile_threads)
 
-    @cute.jit
-    def _apply_operands(self, frag, coords, offset, mC, mBias, mScaleA, mScaleB, alpha: Float32,
-                        beta: Float32, row0, col0, rows, cols, l):
+    def _apply_operands(self, frag, coords, offset, row_scales, mC, mBias, mScaleA, mScaleB,
+                        alpha: Float32, beta: Float32, row0, col0, rows, cols, l):
         """frag[v] <- alpha * frag[v] * scale_a[row] * scale_b[col] + beta * C[row, col] + bias[col],
-        element by element at each value's (row, col); operands outside D read as 0."""
+        element by element at each value's (row, col); operands outside D read as 0.
+
+        Traced once per sub-tile: each value's (row, col) is the thread's base coordinate plus a
+        static offset, so values that share a row or column share one load (per-row scales are
+        kept in ``row_scales`` for the whole tile, per-column operands for the sub-tile)."""
         epi = self.config.epilogue
-        for v in cutlass.range_constexpr(cute.size(frag)):
-            r, c = coords[offset + v]
-            row, col = row0 + r, col0 + c
+        base_r, base_c = coords.iterator
+        col_operands = {}
+        for v in range(cute.size(frag)):
+            r, c = coords.layout(offset + v)
+            row, col = row0 + base_r + r, col0 + base_c + c
             x = frag[v] * alpha
             if const_expr(epi.row_scale):
-                x = x * _load_or(mScaleA, (row,), row < rows, 0.0)
+                if r not in row_scales:
+                    row_scales[r] = _load_or(mScaleA, (row,), row < rows, 0.0)
+                x = x * row_scales[r]
+            if const_expr(epi.col_scale or epi.bias):
+                if c not in col_operands:
+                    col_operands[c] = (
+                        _load_or(mScaleB, (col,), col < cols, 0.0) if const_expr(epi.col_scale) else None,
+                        _load_or(mBias, (col,), col < cols, 0.0) if const_expr(epi.bias) else None,
+                    )
+                scale_b, bias = col_operands[c]
             if const_expr(epi.col_scale):
-                x = x * _load_or(mScaleB, (col,), col < cols, 0.0)
+                x = x * scale_b
             if const_expr(epi.residual):
-                x = x + beta * _load_or(mC, (row, col, l), row < rows and col < cols, 0.0)
+                x = x + beta * _load_or(mC, (row, col, l), _inside(row, rows, col, cols), 0.0)
             if const_expr(epi.bias):
-                x = x + _load_or(mBias, (col,), col < cols, 0.0)
+                x = x + bias
             frag[v] = x
+
+
+@cute.jit
+def _inside(row, rows, col, cols):
+    return row < rows and col < cols
 
 
 @cute.jit

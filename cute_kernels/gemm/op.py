@@ -114,11 +114,14 @@ def _kernel_for(a, b, d, c, bias, scale_a, scale_b, activation, tuned=False, fas
     batch = a.shape[0] if a.dim() == 3 else 1
     key = (a.dim(), a.dtype, b.dtype, d.dtype, _major(a), _major(b), m, n, k, batch,
            None if c is None else (c.dtype, c.dim()), None if bias is None else bias.dtype,
-           scale_a is not None, scale_b is not None, activation, fast_accum, tuned)
+           _scale_kind(scale_a), _scale_kind(scale_b), activation, fast_accum, tuned)
     fn = _kernels.get(key)
     if fn is None:
-        epilogue = Epilogue(bias is not None, c is not None, activation, scale_a is not None,
-                            scale_b is not None)
+        epilogue = Epilogue(bias is not None, c is not None, activation,
+                            row_scale=_scale_kind(scale_a) == "vector",
+                            col_scale=_scale_kind(scale_b) == "vector",
+                            scalar_scale_a=_scale_kind(scale_a) == "tensor",
+                            scalar_scale_b=_scale_kind(scale_b) == "tensor")
         sms = sm_count(a.device.index or 0)
         config = choose_config(m, n, k, batch, a.element_size(), sms, epilogue, fast_accum)
         specs = (_operand_spec(a), _operand_spec(b), _operand_spec(d), _free_spec(c),
@@ -135,6 +138,13 @@ def _kernel_for(a, b, d, c, bias, scale_a, scale_b, activation, tuned=False, fas
 
 
 _kernels: dict = {}
+
+
+def _scale_kind(scale):
+    """fp8 scales: None, "tensor" (one value for the whole operand) or "vector" (per row / column)."""
+    if scale is None:
+        return None
+    return "tensor" if scale.numel() == 1 else "vector"
 
 
 def _check_operands(a, b, allowed, what):
@@ -367,7 +377,7 @@ def gemm_fp8(a, b, scale_a, scale_b, *, out_dtype=torch.bfloat16, bias=None, tun
             raise DTypeError(f"{name} must be a float32 tensor on {a.device}, got {describe(s)}")
         if s.numel() not in (1, size) or s.dim() > 1:
             raise UnsupportedError(f"{name} must be a scalar or ({size},), got shape {tuple(s.shape)}")
-        scales.append(s.reshape(-1).expand(size))
+        scales.append(s.reshape(-1))  # one value: a per-tensor scale, folded into alpha
     return _run(a, b, out_dtype, bias, 1.0, 0.0, None, None, None, scales[0], scales[1], tuned=tuned,
                 fast_accum=bool(fast_accum))
 
@@ -406,6 +416,13 @@ def compile_configurations(quick: bool = False):
     for tm, tn, cm in ((128, 256, 1), (128, 256, 2), (128, 128, 1), (128, 128, 2), (64, 128, 1), (64, 128, 2)):
         cfg = GemmConfig(tm, tn, cm, max_clusters=132 // cm, epilogue=Epilogue(row_scale=True, col_scale=True))
         found.append((GemmSm90, cfg, (fp8_row, fp8_col, out, None, None, f32, f32) + scalars))
+    # Per-tensor scales (folded into alpha), alone and next to a per-row scale, on 128 x 256 with
+    # and without promotion (the epilogue is the same for every tile shape).
+    for epi in (Epilogue(scalar_scale_a=True, scalar_scale_b=True), Epilogue(row_scale=True, scalar_scale_b=True)):
+        for promote in (1, 0):
+            cfg = GemmConfig(128, 256, max_clusters=132, epilogue=epi, fp8_promote_every=promote,
+                             fp8_split_n=promote == 1)
+            found.append((GemmSm90, cfg, (fp8_row, fp8_col, out, None, None, f32, f32) + scalars))
     # Ping-pong configurations that tuned=True may pick (bf16 and fp8).
     for cm in (1, 2):
         found.append((GemmSm90, GemmConfig(128, 192, cm, max_clusters=132 // cm, pingpong=True),
