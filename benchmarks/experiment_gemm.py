@@ -51,7 +51,7 @@ def main():
                                    (m * k + k * n) * 2)
         d = torch.empty(1, m, n, device="cuda", dtype=torch.bfloat16)
         one = torch.ones(max(m, n), device="cuda")
-        sa, sb = (one[:m], one[:n]) if args.fp8 else (None, None)
+        sa, sb = (one[:1], one[:1]) if args.fp8 else (None, None)  # fp8: per-tensor scales
         a0, b0 = sets[0]
         ref = (torch._scaled_mm(a0[0], b0[0], one[0], one[0], out_dtype=torch.bfloat16) if args.fp8
                else torch.matmul(a0[0], b0[0])).float()
@@ -60,7 +60,7 @@ def main():
             pingpong, split = text.endswith("p"), text.endswith("s")
             tm, tn, wg, cm, *epi_opts = (int(v) for v in text.rstrip("ps").split("x"))
             epi_n, epi_stages = epi_opts or (32, 4)
-            epi = Epilogue(row_scale=True, col_scale=True) if args.fp8 else Epilogue()
+            epi = Epilogue(scalar_scale_a=True, scalar_scale_b=True) if args.fp8 else Epilogue()
             cfg = GemmConfig(tm, tn, cm, 1, 8, sms // cm, epilogue=epi, warpgroups=wg,
                              fp8_promote_every=args.promote if args.fp8 else 0, fp8_split_n=split, epi_n=epi_n, epi_stages=epi_stages,
                              pingpong=pingpong)
