@@ -13,8 +13,10 @@ Design:
     while the MMA warpgroups run the epilogue of the current one.
   - Clusters of ``cluster_m`` x ``cluster_n`` CTAs share operand tiles by TMA multicast.
   - Epilogue: accumulators -> ``alpha * acc (+ beta * C) (+ bias)`` -> activation -> output
-    dtype, staged through shared memory (stmatrix) and written by TMA store in 32-column
-    sub-tiles.
+    dtype, staged through shared memory (stmatrix) and written by TMA store in 64-row x
+    32-column sub-tiles; each MMA warpgroup stores its own rows (own buffers, barrier and store
+    warp), so in the cooperative schedule one warpgroup may start the next tile's MMAs while
+    the other still stores.
   - fp8 (e4m3 / e5m2): MMA results are folded into a separate fp32 accumulator every
     ``fp8_promote_every`` k-tiles, so long K keeps fp32 accuracy; with ``fp8_split_n`` the MMA
     accumulator covers one column half of the tile and is folded after each half of every
@@ -75,7 +77,9 @@ class GemmSm90:
         self.tile_wgs = 1 if self.pingpong else self.num_mma_wg
         self.atom_layout_mnk = (self.tile_wgs, 1, 1)
         self.threads = config.threads
-        self.tile_threads = 128 * self.tile_wgs
+        # Every MMA warpgroup stores its own 64-row slices of the output (own buffers, barrier
+        # and store warp), so one warpgroup's epilogue never waits for the other's.
+        self.epi_mma_layout = (1, 1, 1)
 
     # ------------------------------------------------------------------ host side
 
@@ -85,18 +89,22 @@ class GemmSm90:
         self.a_layout = tensor_utils.LayoutEnum.from_tensor(a)
         self.b_layout = tensor_utils.LayoutEnum.from_tensor(b)
         self.d_layout = tensor_utils.LayoutEnum.from_tensor(d)
+        mma_n = cfg.tile_n // 2 if cfg.fp8_split_n else cfg.tile_n
         self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.a_dtype, self.b_dtype, self.a_layout.sm90_mma_major_mode(),
-            self.b_layout.sm90_mma_major_mode(), Float32, self.atom_layout_mnk,
-            tiler_mn=(64, cfg.tile_n // 2 if cfg.fp8_split_n else cfg.tile_n),
+            self.b_layout.sm90_mma_major_mode(), Float32, self.atom_layout_mnk, tiler_mn=(64, mma_n),
+        )
+        # One warpgroup's view of the same MMA: its accumulator layout drives the epilogue copies.
+        self.wg_mma = sm90_utils.make_trivial_tiled_mma(
+            self.a_dtype, self.b_dtype, self.a_layout.sm90_mma_major_mode(),
+            self.b_layout.sm90_mma_major_mode(), Float32, self.epi_mma_layout, tiler_mn=(64, mma_n),
         )
         mma_k = cute.size(self.tiled_mma.shape_mnk, mode=[2])
         self.tile_mnk = (cfg.tile_m, cfg.tile_n, mma_k * 4)
         self.cta_layout_mnk = cute.make_layout((*self.cluster_mn, 1))
         self.mcast_a, self.mcast_b = cfg.cluster_n, cfg.cluster_m
-        self.epi_tile = (min(64 * self.tile_wgs, cfg.tile_m), min(cfg.epi_n, cfg.tile_n))
-        # Ping-pong: each MMA warpgroup has its own epilogue buffers.
-        self.epi_buffers = cfg.epi_stages * self.num_mma_wg // self.tile_wgs
+        self.epi_tile = (64, min(cfg.epi_n, cfg.tile_n))
+        self.epi_buffers = cfg.epi_stages * self.num_mma_wg  # each MMA warpgroup has its own
         ab_bytes = (cfg.tile_m + cfg.tile_n) * self.tile_mnk[2] * self.a_dtype.width // 8
         epi_bytes = self.epi_tile[0] * self.epi_tile[1] * self.d_dtype.width // 8 * self.epi_buffers
         self.ab_stages = (SMEM_CAPACITY - 1024 - epi_bytes) // ab_bytes
@@ -159,7 +167,7 @@ class GemmSm90:
         self.storage = Storage
         self.kernel(
             tma_a, tma_tensor_a, tma_b, tma_tensor_b, tma_d, tma_tensor_d, c, mBias, mScaleA,
-            mScaleB, alpha, beta, self.tiled_mma, self.cta_layout_mnk, self.a_smem_staged,
+            mScaleB, alpha, beta, self.tiled_mma, self.wg_mma, self.cta_layout_mnk, self.a_smem_staged,
             self.b_smem_staged, self.epi_smem_staged, schedule,
         ).launch(grid=grid, block=[self.threads, 1, 1], cluster=(*self.cluster_mn, 1),
                  min_blocks_per_mp=1, stream=stream)
@@ -168,7 +176,8 @@ class GemmSm90:
 
     @cute.kernel
     def kernel(self, tma_a, mA, tma_b, mB, tma_d, mD, mC, mBias, mScaleA, mScaleB,
-               alpha: Float32, beta: Float32, tiled_mma: cute.TiledMma, cta_layout_mnk: cute.Layout,
+               alpha: Float32, beta: Float32, tiled_mma: cute.TiledMma, wg_mma: cute.TiledMma,
+               cta_layout_mnk: cute.Layout,
                a_smem_staged: cute.ComposedLayout, b_smem_staged: cute.ComposedLayout,
                epi_smem_staged: cute.ComposedLayout, schedule):
         tidx, _, _ = cute.arch.thread_idx()
@@ -212,7 +221,7 @@ class GemmSm90:
                           k_tiles, schedule)
         else:
             cute.arch.setmaxregister_increase(MMA_REGISTERS)
-            self.mma_and_epilogue(tiled_mma, sA, sB, sD, gD, mD, tma_d, mC, mBias, mScaleA,
+            self.mma_and_epilogue(tiled_mma, wg_mma, sA, sB, sD, gD, mD, tma_d, mC, mBias, mScaleA,
                                   mScaleB, alpha, beta, mainloop, k_tiles, schedule, cluster_coord,
                                   tidx - 128, warp)
 
@@ -252,7 +261,7 @@ class GemmSm90:
         mainloop.producer_tail(state)
 
     @cute.jit
-    def mma_and_epilogue(self, tiled_mma, sA, sB, sD, gD, mD, tma_d, mC, mBias, mScaleA, mScaleB,
+    def mma_and_epilogue(self, tiled_mma, wg_mma, sA, sB, sD, gD, mD, tma_d, mC, mBias, mScaleA, mScaleB,
                          alpha: Float32, beta: Float32, mainloop, k_tiles, schedule, cluster_coord,
                          tidx, warp):
         """MMA warpgroups: wgmma over the k-tiles, then the epilogue, tile after tile.
@@ -286,10 +295,10 @@ class GemmSm90:
             store_atom,
             cute.make_tiled_copy_C_atom(
                 cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(self.d_layout.is_m_major_c(), 4), self.d_dtype),
-                tiled_mma,
+                wg_mma,
             ),
         )
-        thr_store = tiled_store.get_slice(tile_tidx)
+        thr_store = tiled_store.get_slice(tidx % 128)
         tRS_sD = thr_store.partition_D(sD)
         tRS_acc = tiled_store.retile(acc)
         # (row, col) in the tile of each accumulator value this thread holds: partitioned by the
@@ -302,13 +311,14 @@ class GemmSm90:
         per_subtile = cute.size(tRS_rD)
         store_pipe = pipeline.PipelineTmaStore.create(
             num_stages=self.config.epi_stages,
-            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, self.tile_threads),
+            producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
         )
-        # The first warp of the tile's warpgroups issues its TMA stores; epilogue barrier ids
-        # 1 (cooperative) or 1 + w (ping-pong); buffers of warpgroup w start at w * epi_stages.
-        store_warp = 4 + 4 * wg if const_expr(self.pingpong) else 4
-        epi_barrier = 1 + wg if const_expr(self.pingpong) else 1
-        buffer_base = wg * cfg.epi_stages if const_expr(self.pingpong) else 0
+        # Warpgroup w: its first warp issues the TMA stores, epilogue barrier 1 + w, buffers
+        # from w * epi_stages; cooperative tiles give it rows 64 w .. 64 w + 63 of each tile.
+        store_warp = 4 + 4 * wg
+        epi_barrier = 1 + wg
+        buffer_base = wg * cfg.epi_stages
+        row_block = 0 if const_expr(self.pingpong) else wg
 
         # Per-tensor fp8 scales: one multiplier for every value, folded into alpha once.
         if const_expr(cfg.epilogue.scalar_scale_a):
@@ -395,7 +405,7 @@ class GemmSm90:
             self.epilogue(acc, tRS_acc, tRS_coords, tRS_rD, tRS_rOut, tRS_sD, sD, gD, mD, tma_d,
                           tiled_store, store_pipe, mC, mBias, mScaleA, mScaleB, alpha, beta,
                           m, n, l, per_subtile, tiles_done, warp, store_warp, epi_barrier,
-                          buffer_base)
+                          buffer_base, row_block)
             tiles_done += 1
             if const_expr(self.pingpong):
                 for _ in range(k_tiles):  # the other warpgroup's tile
@@ -410,9 +420,11 @@ class GemmSm90:
     def epilogue(self, acc, tRS_acc, tRS_coords, tRS_rD, tRS_rOut, tRS_sD, sD, gD, mD, tma_d,
                  tiled_store, store_pipe, mC, mBias, mScaleA, mScaleB, alpha: Float32,
                  beta: Float32, m, n, l, per_subtile, tiles_done, warp, store_warp, epi_barrier,
-                 buffer_base):
+                 buffer_base, row_block):
         cfg, epi = self.config, self.config.epilogue
         gD_tile = gD[(None, None, m, n, l)]
+        if const_expr(self.tile_wgs > 1):  # this warpgroup's rows of the cooperative tile
+            gD_tile = cute.local_tile(gD_tile, (64, cfg.tile_n), (row_block, 0))
         gD_sub = cute.zipped_divide(gD_tile, self.epi_tile)
         sD_part, gD_part = cute.nvgpu.cpasync.tma_partition(
             tma_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2), gD_sub
@@ -435,12 +447,12 @@ class GemmSm90:
             buffer = buffer_base + (tiles_done * subtiles + s) % self.config.epi_stages
             cute.copy(tiled_store, tRS_rOut, tRS_sD[(None, None, None, buffer)])
             cute.arch.fence_proxy("async.shared", space="cta")
-            cute.arch.barrier(barrier_id=epi_barrier, number_of_threads=self.tile_threads)
+            cute.arch.barrier(barrier_id=epi_barrier, number_of_threads=128)
             if warp == store_warp:
                 cute.copy(tma_d, sD_part[(None, buffer)], gD_part[(None, sub_layout.get_hier_coord(s))])
                 store_pipe.producer_commit()
                 store_pipe.producer_acquire()
-            cute.arch.barrier(barrier_id=epi_barrier, number_of_threads=self.tile_threads)
+            cute.arch.barrier(barrier_id=epi_barrier, number_of_threads=128)
 
     def _apply_operands(self, frag, coords, offset, row_scales, mC, mBias, mScaleA, mScaleB,
                         alpha: Float32, beta: Float32, row0, col0, rows, cols, l):
