@@ -147,7 +147,7 @@ class CrossEntropyFwdSm90(_CrossEntropyKernel):
         buffer, mbar_ptr = reduction_workspace(smem, rows, width, 1)
         tile = self._tile(cute.arch.block_idx()[0])
         coords = self._coords(mX, tile)
-        pred = bounds_predicate(coords, mX.shape[0], rows)
+        pred = bounds_predicate(coords, self.rows_to_check(mX), rows)
         # Measured: issuing the target's two dependent scalar loads before the row's loads is
         # faster than after them (benchmarks/NOTES.md).
         row, target, counted, in_range = self._row_info(mX, mTarget, coords, ignore_index)
@@ -214,7 +214,7 @@ class CrossEntropyBwdSm90(_CrossEntropyKernel):
         rows = self.rows
         tile = self._tile(cute.arch.block_idx()[0])
         coords = self._coords(mX, tile)
-        pred = bounds_predicate(coords, mX.shape[0], rows)
+        pred = bounds_predicate(coords, self.rows_to_check(mX), rows)
         tXgX = thread_fragment(mX, make_row_copy(mX.element_type, rows), rows, tile)
         tXrX = cute.make_rmem_tensor_like(tXgX)
         load_fragments(pred, (tXgX, tXrX, None, mX.element_type(0)))
@@ -246,7 +246,7 @@ class ScaleRowsSm90(RowKernel):
             tiles = cute.ceil_div(mX.shape[0], self.rows.rows_per_cta)
             for tile_m in range(cute.arch.block_idx()[0], tiles, cute.arch.grid_dim()[0]):
                 tile = self._tile(tile_m)
-                pred = bounds_predicate(self._coords(mX, tile), mX.shape[0], self.rows)
+                pred = bounds_predicate(self._coords(mX, tile), self.rows_to_check(mX), self.rows)
                 tXgX = thread_fragment(mX, make_row_copy(mX.element_type, self.rows), self.rows, tile)
                 tXrX = cute.make_rmem_tensor_like(tXgX)
                 load_fragments(pred, (tXgX, tXrX, None, mX.element_type(0)))

@@ -299,7 +299,7 @@ class NormBwdSm90(_NormKernel):
             # The next tile's statistics load now, so their latency is not paid at its start.
             next_rstd, next_mean = self._row_stats(mX, mRstd, mMean, tile_m + num_ctas)
             tile = self._tile(tile_m)
-            pred = bounds_predicate(self._coords(mX, tile), m_rows, rows)
+            pred = bounds_predicate(self._coords(mX, tile), self.rows_to_check(mX), rows)
             srcX, srcdY = self._fragment(mX, tile), self._fragment(mdY, tile)
             if const_expr(staged):
                 srcX, srcdY = stage_view(sX, copy_x, stage), stage_view(sdY, copy_dy, stage)

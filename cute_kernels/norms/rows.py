@@ -38,10 +38,12 @@ def thread_fragment(mT: cute.Tensor, tiled_copy: cute.TiledCopy, config: RowConf
     return tiled_copy.get_slice(tidx).partition_S(gT)
 
 
-def bounds_predicate(tXcX: cute.Tensor, m_rows, config: RowConfig) -> cute.Tensor:
+def bounds_predicate(tXcX: cute.Tensor, m_rows, config: RowConfig):
     """One flag per vector of this thread's fragment: is it inside the tensor? (Its row is
     below ``m_rows`` -- not checked when None -- and, when the tile overhangs the row, its
-    column below ``config.n``.)"""
+    column below ``config.n``.) None when nothing needs checking: every access in bounds."""
+    if const_expr(m_rows is None and config.even_n):
+        return None
     pred = cute.make_rmem_tensor(
         cute.make_layout(
             (cute.size(tXcX, mode=[0, 1]), cute.size(tXcX, mode=[1]), cute.size(tXcX, mode=[2])),
@@ -88,9 +90,11 @@ def copy_async(tXgX: cute.Tensor, tXsX: cute.Tensor, pred: cute.Tensor) -> None:
     cute.copy(atom, tXgX, tXsX, pred=pred)
 
 
-def read_fragment(source: cute.Tensor, tXrX: cute.Tensor, pred: cute.Tensor, fill) -> None:
-    """Registers <- ``fill``, then the in-bounds vectors of ``source`` (global or staged)."""
-    tXrX.fill(fill)
+def read_fragment(source: cute.Tensor, tXrX: cute.Tensor, pred, fill) -> None:
+    """Registers <- ``fill``, then the in-bounds vectors of ``source`` (global or staged); with
+    no predicate (all in bounds) just the vectors."""
+    if const_expr(pred is not None):
+        tXrX.fill(fill)
     cute.copy(_vector_atom(source), source, tXrX, pred=pred)
 
 
@@ -176,6 +180,12 @@ class RowKernel:
         return thread_fragment(coords, make_row_copy(mT.element_type, self.rows), self.rows, tile)
 
     def _tile_and_predicate(self, mT: cute.Tensor):
-        """This CTA's tile and this thread's in-bounds flags, one per vector (one tile per CTA)."""
+        """This CTA's tile and this thread's in-bounds flags, one per vector (one tile per CTA,
+        launched for the row tiles of ``mT`` only)."""
         tile = self._tile(cute.arch.block_idx()[0])
-        return tile, bounds_predicate(self._coords(mT, tile), mT.shape[0], self.rows)
+        return tile, bounds_predicate(self._coords(mT, tile), self.rows_to_check(mT), self.rows)
+
+    def rows_to_check(self, mT: cute.Tensor):
+        """The row bound for ``bounds_predicate`` on a tile that exists (index below the tile
+        count): ``mT``'s rows, or None when a tile is one row, which is then always in range."""
+        return None if const_expr(self.rows.rows_per_cta == 1) else mT.shape[0]
