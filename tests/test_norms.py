@@ -76,10 +76,11 @@ def test_backward_launch_shapes():
     assert shape(16384) == (128, 128, 4)
     assert shape(65536) == (128, 128, 16)
     assert shape(131072) == (256, 256, 16)  # one 256-thread CTA per SM, 16 per row
-    rows = backward_rows(4096, 8, 2)
-    assert backward_ctas_per_sm(rows, 2, 2, residual=False) == 3
+    rows = backward_rows(16384, 8, 2)
+    assert backward_ctas_per_sm(rows, 2, 2, residual=False) == 3  # split rows: three per SM
     assert backward_ctas_per_sm(rows, 2, 2, residual=True) == 2  # registers for dh
-    assert backward_ctas_per_sm(rows, 4, 4, residual=False) == 2  # fp32 stages: shared memory
+    assert backward_ctas_per_sm(backward_rows(4096, 8, 2), 2, 2, residual=False) == 2  # one-CTA rows
+    assert backward_ctas_per_sm(backward_rows(16384, 8, 4), 4, 4, residual=False) == 2  # fp32: shared memory
     assert backward_ctas_per_sm(backward_rows(131072, 8, 2), 2, 2, residual=False) == 1
 
 

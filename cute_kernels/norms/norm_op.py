@@ -59,10 +59,11 @@ def _build_forward(key, vec):
 
 def backward_rows(n: int, vec: int, widest: int) -> RowConfig:
     """Launch shape of the backward. Rows of more than 2048 elements (up to 65536) go to CTAs
-    of 128 threads, 32 elements each, a cluster of them when longer than 4096, three CTAs per
-    SM: one CTA's reduction overlaps the others' loads (measured on H100 against one 256-thread
-    CTA per SM: RMSNorm 32768 x 4096 2708 -> 2805 GB/s, 16384 x 16384 2413 -> 2649; LayerNorm
-    32768 x 4096 2558 -> 2817). Longer rows take 16 CTAs of 256 threads, one per SM."""
+    of 128 threads, 32 elements each, a cluster of them when longer than 4096, several CTAs per
+    SM (``backward_ctas_per_sm``): one CTA's reduction overlaps the others' loads (measured on
+    H100 against one 256-thread CTA per SM: RMSNorm 32768 x 4096 2708 -> 2805 GB/s, 16384 x
+    16384 2413 -> 2649; LayerNorm 32768 x 4096 2558 -> 2817). Longer rows take 16 CTAs of 256
+    threads, one per SM."""
     rows = row_config(n, vec, widest, tensors_held=BACKWARD_HELD)
     per_cta = 128 * (128 // BACKWARD_HELD)
     cluster = next((c for c in CLUSTER_SIZES if n <= per_cta * c), None)
@@ -73,12 +74,14 @@ def backward_rows(n: int, vec: int, widest: int) -> RowConfig:
 
 def backward_ctas_per_sm(rows: RowConfig, x_size: int, dy_size: int, residual: bool) -> int:
     """CTAs of the backward per SM: one with 256 threads (over 128 registers each); with 128
-    threads, ``BACKWARD_CTAS_PER_SM`` (two with a residual gradient to add: its registers do not
-    fit three) unless their shared memory (two stages of x and dy, the fp32 dw and db partials,
-    the exchange) holds fewer."""
+    threads, ``BACKWARD_CTAS_PER_SM`` for rows split over a cluster, two for rows of one CTA
+    (measured on H100 at 32768 x 4096, kernel alone: RMSNorm 2812 -> 2841 GB/s, LayerNorm
+    2788 -> 2963; clusters of four at 16384 x 16384 fall from 2705 to 1995) and with a residual
+    gradient to add (its registers do not fit three), fewer where their shared memory (two
+    stages of x and dy, the fp32 dw and db partials, the exchange) does not fit."""
     if rows.num_threads > 128:
         return 1
-    most = 2 if residual else BACKWARD_CTAS_PER_SM
+    most = 2 if residual or rows.cluster_n == 1 else BACKWARD_CTAS_PER_SM
     tile = rows.rows_per_cta * rows.cols_per_cta
     smem = tile * (2 * (x_size + dy_size) + 2 * 4) + 2048
     return max(1, min(most, (228 << 10) // (smem + 1024)))
