@@ -78,7 +78,7 @@ def main():
             run(a0, b0)
             err = ((d[0].float() - ref).abs().max() / ref.abs().max()).item()
             print(f"{m}x{n}x{k} {tm}x{tn} wg{wg} c{cm}: rel err vs cuBLAS {err:.2e}")
-            fns[f"{tm}x{tn}w{wg}c{cm}{'p' if pingpong else ''}{'s' if split else ''}"] = run
+            fns[text] = run  # the configuration as given (epilogue options included)
         if args.fp8:
             scale = one[0]
             fns["cublas"] = lambda a, b: torch._scaled_mm(a[0], b[0], scale, scale, out_dtype=torch.bfloat16)
