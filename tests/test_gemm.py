@@ -75,6 +75,16 @@ def test_tuning_candidates():
     assert not any(c.pingpong or c.fp8_split_n or c.fp8_promote_every for c in fast)  # ping-pong spills
 
 
+def test_kernel_refuses_a_scale_given_both_ways():
+    from cute_kernels.gemm.config import Epilogue, GemmConfig
+    from cute_kernels.gemm.kernel_sm90 import GemmSm90
+
+    for epi in (Epilogue(row_scale=True, scalar_scale_a=True), Epilogue(col_scale=True, scalar_scale_b=True)):
+        with pytest.raises(ValueError, match="per tensor or per row"):
+            GemmSm90(GemmConfig(128, 256, epilogue=epi))
+    GemmSm90(GemmConfig(128, 256, epilogue=Epilogue(row_scale=True, scalar_scale_b=True)))
+
+
 @gpu
 @pytest.mark.parametrize("tile", [(64, 256, 1), (128, 192, 2), (128, 128, 1)])
 def test_pingpong_schedule(tile):

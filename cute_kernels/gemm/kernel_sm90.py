@@ -69,6 +69,9 @@ class GemmSm90:
     def __init__(self, config: GemmConfig):
         if config.fp8_split_n and (config.pingpong or config.fp8_promote_every < 1 or config.tile_n % 32):
             raise ValueError(f"fp8_split_n needs the cooperative schedule, fp8 promotion and tile N % 32 == 0: {config}")
+        epi = config.epilogue
+        if (epi.row_scale and epi.scalar_scale_a) or (epi.col_scale and epi.scalar_scale_b):
+            raise ValueError(f"a scale is per tensor or per row / column, not both: {epi}")
         self.config = config
         self.cluster_mn = (config.cluster_m, config.cluster_n)
         self.num_mma_wg = config.mma_warpgroups
