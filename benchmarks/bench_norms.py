@@ -68,6 +68,15 @@ def run_shape(results, m, n, layer_norm, quack):
            "torch_compile": compiled_fwd(layer_norm)}
     if quack is not None and not layer_norm:
         fwd["quack"] = lambda x, w, b: quack.rmsnorm_fwd(x, w, eps=1e-6)
+    if quack is not None and layer_norm:
+        # quack's layernorm_fwd takes an fp32 weight and bias: converted once per input set.
+        as_f32 = {}
+
+        def f32(t):
+            if t.data_ptr() not in as_f32:
+                as_f32[t.data_ptr()] = t.float()
+            return as_f32[t.data_ptr()]
+        fwd["quack"] = lambda x, w, b: quack.layernorm_fwd(x, f32(w), f32(b), eps=1e-5)
     ms = bench_many(fwd, sets)
     rates = {k: gbps(2 * m * n * size, v) for k, v in ms.items()}
     results.add("norms", f"{name}_fwd", (m, n), dtype, "GBps", rates.pop("ours"), rates)

@@ -7,7 +7,9 @@ side by side in one run (L2-cold inputs, interleaved rounds).
 ``--held H`` builds the row split as if each thread kept H row-sized fragments in registers
 (``row_config(..., tensors_held=H)``): more held fragments split the row over more threads.
 A trailing ``l`` loads the weight and bias after the row reductions (``late_affine``), a
-trailing ``s`` stages x through shared memory (``stage_x``); ``w`` splits rows of 8 CTAs over 16.
+trailing ``s`` stages x through shared memory (``stage_x``); ``w`` splits rows of 8 CTAs over 16;
+``x`` reduces LayerNorm's moments in one exchange (``one_exchange``); ``b`` bulk-copies the
+weight and bias to shared memory at the start (``stage_affine``).
 
 ``--backward V,...`` times the backward kernel (dx, dw and for LayerNorm db) in launch shapes
 ``threads_per_row/threads_per_cta/cluster_n/grid[/ctas_per_sm]`` (grid in clusters; the
@@ -58,11 +60,12 @@ def main():
                else torch.nn.functional.rms_norm(x0.float(), (n,), w.float(), 1e-5))
         fns = {}
         for text in args.held.split(","):
-            held, flags = int(text.rstrip("lsw")), text.lstrip("0123456789")
+            held, flags = int(text.rstrip("lswxb")), text.lstrip("0123456789")
             late, staged = "l" in flags, "s" in flags
             rows = row_config(n, 8, 2, tensors_held=held, wide_clusters="w" in flags)
             config = NormConfig(rows, layer_norm, True, layer_norm, False, late_affine=late,
-                                stage_x=staged)
+                                stage_x=staged, one_exchange="x" in flags and layer_norm,
+                                stage_affine="b" in flags)
             kernel = get_kernel(NormFwdSm90, config, specs)
 
             def run(x, kernel=kernel):

@@ -95,10 +95,14 @@ def test_forward_launch_shapes():
 
     rms, ln = config(131072, False), config(131072, True)
     assert (rms.row.cluster_n, rms.row.elems_per_thread, rms.stage_x) == (16, 32, False)
-    assert (ln.row.cluster_n, ln.row.elems_per_thread, ln.stage_x) == (8, 64, True)
+    assert (ln.row.cluster_n, ln.row.elems_per_thread, ln.one_exchange, ln.stage_affine) == (8, 64, True, True)
     assert config(131072, False, bf16).row.cluster_n == 16  # with a residual too
     assert config(65536, False).row.cluster_n == 4  # only rows of 8 CTAs are split further
-    assert not config(65536, True, bf16).stage_x  # a residual keeps the late-affine path
+    ln = config(65536, True)  # LayerNorm: 32 values per thread while that takes <= 8 CTAs
+    assert (ln.row.cluster_n, ln.row.elems_per_thread, ln.one_exchange, ln.stage_affine) == (8, 32, True, True)
+    assert config(100000, True).stage_x  # an uneven split stages x instead
+    with_residual = config(65536, True, bf16)  # a residual keeps the late-affine path
+    assert not (with_residual.stage_x or with_residual.one_exchange or with_residual.stage_affine)
 
 
 def test_references_agree_with_torch():
@@ -137,16 +141,36 @@ def test_forward_and_backward(layer_norm, n, dtype):
 
 
 @gpu
-@pytest.mark.parametrize("n", [65536, 100000])
+@pytest.mark.parametrize("n", [32768, 65536, 100000, 131072, 262144])
 def test_layer_norm_split_rows_far_from_zero_mean(n):
-    # Rows split over a cluster take the staged forward (one reduction of merged moments); a
-    # mean 40 standard deviations from 0 tests its stability, 100000 a tile with padding.
+    # Rows split over a cluster reduce merged moments in one exchange (x in registers and the
+    # weight and bias bulk-copied to shared memory when the split is even; 100000: x staged,
+    # with padding); a mean 40 standard deviations from 0 tests the merge's stability.
     x = torch.randn(3, n, device="cuda", dtype=torch.bfloat16) * 0.5 + 20
     w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     y = ck.layer_norm(x, w, b)
     y_t = F.layer_norm(x, (n,), w, b)
     check(y, y_t, ref_norm(True, x, w, b, 1e-5, None), torch.bfloat16)
+
+
+@gpu
+def test_layer_norm_split_rows_write_every_output():
+    from cute_kernels.norms.norm_op import norm_fwd
+
+    m, n = 5, 131072
+    x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    w, b = (torch.randn(n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    y = torch.full_like(x, float("nan"))
+    rstd, mean = (torch.full((m,), float("nan"), device="cuda") for _ in range(2))
+    norm_fwd(x, None, w, b, y, None, rstd, mean, 1e-5, True)
+    check(y, F.layer_norm(x, (n,), w, b), ref_norm(True, x, w, b, 1e-5, None), torch.bfloat16)
+    xf = x.double()
+    torch.testing.assert_close(mean.double(), xf.mean(-1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rstd.double(), torch.rsqrt(xf.var(-1, unbiased=False) + 1e-5), rtol=1e-4, atol=1e-4)
+    # A weight 2 bytes off 16-byte alignment cannot be bulk-copied: narrower vectors, same result.
+    w_odd = torch.empty(n + 1, device="cuda", dtype=torch.bfloat16)[1:].copy_(w)
+    check(ck.layer_norm(x, w_odd, b), F.layer_norm(x, (n,), w, b), ref_norm(True, x, w, b, 1e-5, None), torch.bfloat16)
 
 
 @gpu

@@ -1,8 +1,11 @@
 """RMSNorm and LayerNorm over the last dim of a (M, N) tensor, forward and backward, for
 Hopper (sm_90a).
 
-Forward, per row (math in fp32, the row read once into registers; LayerNorm rows split over a
-cluster stage x in shared memory instead and reduce (count, mean, squared deviations) once):
+Forward, per row (math in fp32, the row read once into registers). LayerNorm rows split over a
+cluster (16-bit, no residual) reduce (count, mean, squared deviations) partials in one exchange
+(Chan's merge): with x held in registers and the weight and bias bulk-copied to shared memory
+at the start when the row splits evenly, else with x staged in shared memory. Otherwise the
+mean and the centred squares are reduced in turn.
     h = x (+ residual, stored as the residual output)
     RMSNorm:   rstd = 1 / sqrt(mean(h^2) + eps),        y = h * rstd * w
     LayerNorm: mean = mean(h), rstd = 1 / sqrt(mean((h - mean)^2) + eps),
@@ -38,6 +41,7 @@ from .config import RowConfig
 from .rows import (
     RowKernel,
     bounds_predicate,
+    bulk_copy,
     copy_async,
     load_fragments,
     make_row_copy,
@@ -65,6 +69,15 @@ class NormConfig:
     # of being held in registers; the weight and bias load before the reductions and stay in
     # their own (16-bit) dtype until used.
     stage_x: bool = False
+    # Forward, LayerNorm with x in registers: one reduction of (count, mean, squared
+    # deviations) partials (Chan's merge) instead of the mean and then the centred squares, so
+    # a split row pays one cluster exchange instead of two.
+    one_exchange: bool = False
+    # Forward: one thread bulk-copies the CTA's slices of the weight and bias to shared memory
+    # at the start; they are read back for the output, so no registers are held across the
+    # reductions and no load latency follows them. Needs rows split over a cluster, one row
+    # per CTA and ``even_n`` (whole slices).
+    stage_affine: bool = False
     # Backward: CTAs per SM that the launch caps the registers for (0: no cap).
     ctas_per_sm: int = 0
 
@@ -118,16 +131,26 @@ class _NormKernel(RowKernel):
 class NormFwdSm90(_NormKernel):
     """RMSNorm / LayerNorm forward. See the module docstring."""
 
+    def __init__(self, config: NormConfig):
+        super().__init__(config)
+        rows = self.rows
+        if config.stage_affine and not (rows.cluster_n > 1 and rows.rows_per_cta == 1 and rows.even_n):
+            raise ValueError(f"stage_affine needs one row per CTA split evenly over a cluster: {rows}")
+        if config.one_exchange and (not config.layer_norm or config.stage_x):
+            raise ValueError(f"one_exchange is for LayerNorm with x in registers: {config}")
+
     @cute.jit
     def __call__(self, mX, mR, mW, mB, mY, mH, mRstd, mMean, eps: Float32, stream):
         grid_x = cute.ceil_div(mX.shape[0], self.rows.rows_per_cta)
-        self._launch(self.kernel(mX, mR, mW, mB, mY, mH, mRstd, mMean, eps), grid_x, stream)
+        self._launch(self.kernel(mX, mR, mW, mB, mY, mH, mRstd, mMean, eps), grid_x, stream,
+                     full_carveout=self.config.stage_affine)
 
     @cute.kernel
     def kernel(self, mX, mR, mW, mB, mY, mH, mRstd, mMean, eps: Float32):
         cfg, rows = self.config, self.rows
         smem = cutlass.memory.SmemAllocator()
-        buffer, mbar_ptr = reduction_workspace(smem, rows, 3 if const_expr(cfg.stage_x) else 1, 2)
+        moments = const_expr(cfg.stage_x or cfg.one_exchange)
+        buffer, mbar_ptr = reduction_workspace(smem, rows, 3 if moments else 1, 2)
         tile, pred = self._tile_and_predicate(mX)
         tXgX, tXgR = self._fragment(mX, tile), self._fragment(mR, tile)
         tXrX = cute.make_rmem_tensor_like(tXgX)
@@ -143,11 +166,14 @@ class NormFwdSm90(_NormKernel):
             if const_expr(rows.stage_smem):
                 tXsR = stage_view(stage_buffer(smem, mR.element_type, rows), make_row_copy(mR.element_type, rows), 0)
             loads.append((tXgR, tXrR, tXsR, mR.element_type(0)))
+        sW = sB = affine_bar = None
+        if const_expr(cfg.stage_affine):
+            sW, sB, affine_bar = self._bulk_stage_affine(smem, mW, mB, tile)
         load_fragments(pred, *loads)
         # Weight and bias loads go out before the reductions so their latency hides behind them
-        # (unless ``late_affine``).
+        # (unless ``late_affine`` or ``stage_affine``).
         w = b = None
-        if const_expr(not cfg.late_affine):
+        if const_expr(not (cfg.late_affine or cfg.stage_affine)):
             w = self._load_vector(mW, tile) if const_expr(cfg.weight) else None
             b = self._load_vector(mB, tile) if const_expr(cfg.bias) else None
         h = tXrX.load().to(Float32)
@@ -158,7 +184,14 @@ class NormFwdSm90(_NormKernel):
         wait = cute.arch.cluster_wait if const_expr(rows.cluster_n > 1) else None
         inv_n = 1.0 / rows.n
         mean = Float32(0.0)
-        if const_expr(cfg.layer_norm):
+        if const_expr(cfg.one_exchange):
+            _, mean, squares = row_reduce(
+                self._thread_moments(h, pred, True), _merge_moments,
+                (Float32(0.0), Float32(0.0), Float32(0.0)), rows.threads_per_row,
+                buffer[None, None, None, 0], mbar_ptr, rows.cluster_n, wait,
+            )
+            h = h - mean
+        elif const_expr(cfg.layer_norm):
             (total,) = row_reduce(
                 (h.reduce(cute.ReductionOp.ADD, Float32(0.0), 0),), add, (Float32(0.0),),
                 rows.threads_per_row, buffer[None, None, None, 0],
@@ -167,19 +200,24 @@ class NormFwdSm90(_NormKernel):
             mean = total * inv_n
             h = h - mean
             wait = None
-        (squares,) = row_reduce(
-            ((h * h).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),), add, (Float32(0.0),),
-            rows.threads_per_row, buffer[None, None, None, 1],
-            mbar_ptr + 1 if const_expr(rows.cluster_n > 1) else None, rows.cluster_n, wait,
-        )
-        if const_expr(cfg.layer_norm):
-            # Padding columns were loaded as 0, so each added (0 - mean)^2: take them out.
-            padding = rows.cols_per_cta * rows.cluster_n - rows.n
-            squares = squares - padding * mean * mean
+        if const_expr(not cfg.one_exchange):
+            (squares,) = row_reduce(
+                ((h * h).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),), add, (Float32(0.0),),
+                rows.threads_per_row, buffer[None, None, None, 1],
+                mbar_ptr + 1 if const_expr(rows.cluster_n > 1) else None, rows.cluster_n, wait,
+            )
+            if const_expr(cfg.layer_norm):
+                # Padding columns were loaded as 0, so each added (0 - mean)^2: take them out.
+                padding = rows.cols_per_cta * rows.cluster_n - rows.n
+                squares = squares - padding * mean * mean
         rstd = cute.math.rsqrt(squares * inv_n + eps, fastmath=True)
         if const_expr(cfg.late_affine):
             w = self._load_vector(mW, tile) if const_expr(cfg.weight) else None
             b = self._load_vector(mB, tile) if const_expr(cfg.bias) else None
+        if const_expr(cfg.stage_affine):
+            cute.arch.mbarrier_wait(affine_bar, 0)  # initialized before the cluster barrier
+            w = self._read_vector(sW) if const_expr(cfg.weight) else None
+            b = self._read_vector(sB) if const_expr(cfg.bias) else None
         y = h * rstd
         if const_expr(cfg.weight):
             y = y * w
@@ -205,22 +243,8 @@ class NormFwdSm90(_NormKernel):
         # Chan et al. (RMSNorm: mean 0, the plain sum of squares).
         read_fragment(tXsX, tXrX, pred, mX.element_type(0))
         h = tXrX.load().to(Float32)
-        count = Float32(rows.elems_per_thread)
-        if const_expr(not rows.even_n):
-            count = Float32(0.0)
-            per_flag = Float32(rows.elems_per_thread // cute.size(pred))
-            for v in cutlass.range_constexpr(cute.size(pred, mode=[0])):
-                for k in cutlass.range_constexpr(cute.size(pred, mode=[2])):
-                    count += cutlass.select_(pred[v, 0, k], per_flag, Float32(0.0))
-        mean = Float32(0.0)
-        if const_expr(cfg.layer_norm):
-            mean = h.reduce(cute.ReductionOp.ADD, Float32(0.0), 0) / cute.arch.fmax(count, Float32(1.0))
-        h = h - mean
-        # Padding was read as 0, so each padded value added mean^2: take them out.
-        deviations = (h * h).reduce(cute.ReductionOp.ADD, Float32(0.0), 0) \
-            - (Float32(rows.elems_per_thread) - count) * mean * mean
         _, mean, squares = row_reduce(
-            (count, mean, deviations), _merge_moments, (Float32(0.0), Float32(0.0), Float32(0.0)),
+            self._thread_moments(h, pred, cfg.layer_norm), _merge_moments, (Float32(0.0), Float32(0.0), Float32(0.0)),
             rows.threads_per_row, buffer[None, None, None, 0], mbar_ptr, rows.cluster_n,
             cute.arch.cluster_wait if const_expr(rows.cluster_n > 1) else None,
         )
@@ -233,6 +257,66 @@ class NormFwdSm90(_NormKernel):
             y = y + b.load().to(Float32)
         self._store(mY, tile, pred, y)
         self._store_row_stats(mX, tile, rstd, mean, mRstd, mMean)
+
+    @cute.jit
+    def _thread_moments(self, h, pred, centre: cutlass.Constexpr[bool]) -> tuple:
+        """(count, mean, sum of squared deviations from it) of this thread's in-bounds values
+        of ``h`` (padding reads as 0); with ``centre`` False the mean is taken as 0 (RMSNorm)."""
+        rows = self.rows
+        count = Float32(rows.elems_per_thread)
+        if const_expr(not rows.even_n):
+            count = Float32(0.0)
+            per_flag = Float32(rows.elems_per_thread // cute.size(pred))
+            for v in cutlass.range_constexpr(cute.size(pred, mode=[0])):
+                for k in cutlass.range_constexpr(cute.size(pred, mode=[2])):
+                    count += cutlass.select_(pred[v, 0, k], per_flag, Float32(0.0))
+        mean = Float32(0.0)
+        if const_expr(centre):
+            total = h.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            if const_expr(rows.even_n):
+                mean = total * (1.0 / rows.elems_per_thread)
+            else:
+                mean = total / cute.arch.fmax(count, Float32(1.0))
+        d = h - mean
+        # Padding was read as 0, so each padded value added mean^2: take them out.
+        deviations = (d * d).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+        if const_expr(not rows.even_n):
+            deviations = deviations - (Float32(rows.elems_per_thread) - count) * mean * mean
+        return count, mean, deviations
+
+    @cute.jit
+    def _bulk_stage_affine(self, smem, mW, mB, tile):
+        """Thread 0 copies this CTA's slices of the weight and bias to shared memory with bulk
+        copies completing on an mbarrier; returns each thread's staged fragments and the
+        barrier (wait for phase 0 before reading)."""
+        cfg, rows = self.config, self.rows
+        bar = smem.allocate_array(cutlass.Int64, 1, byte_alignment=8)
+        vectors = []
+        if const_expr(cfg.weight):
+            vectors.append((mW, stage_buffer(smem, mW.element_type, rows)))
+        if const_expr(cfg.bias):
+            vectors.append((mB, stage_buffer(smem, mB.element_type, rows)))
+        tidx, _, _ = cute.arch.thread_idx()
+        if tidx == 0:
+            cute.arch.mbarrier_init(bar, 1)
+            cute.arch.mbarrier_init_fence()
+            total = 0
+            for mV, _ in vectors:
+                total += rows.cols_per_cta * mV.element_type.width // 8
+            cute.arch.mbarrier_arrive_and_expect_tx(bar, total)
+            for mV, sV in vectors:
+                bulk_copy(sV.iterator, mV.iterator + tile[1] * rows.cols_per_cta,
+                          rows.cols_per_cta * mV.element_type.width // 8, bar)
+        staged = [stage_view(sV, make_row_copy(mV.element_type, rows), 0) for mV, sV in vectors]
+        sW = staged[0] if const_expr(cfg.weight) else None
+        sB = staged[-1] if const_expr(cfg.bias) else None
+        return sW, sB, bar
+
+    def _read_vector(self, tWsW: cute.Tensor):
+        """This thread's staged slice of a per-column vector, as fp32."""
+        tWrW = cute.make_rmem_tensor_like(tWsW)
+        read_fragment(tWsW, tWrW, None, tWsW.element_type(0))
+        return tWrW.load().to(Float32)
 
     @cute.jit
     def _store_row_stats(self, mX, tile, rstd, mean, mRstd, mMean):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass.cute.nvgpu import cpasync
-from cutlass import Boolean, Float32, Int64, const_expr
+from cutlass import Boolean, Float32, Int32, Int64, const_expr
 
 from ..primitives.reduce import padded_width
 from .config import RowConfig
@@ -90,6 +90,16 @@ def copy_async(tXgX: cute.Tensor, tXsX: cute.Tensor, pred: cute.Tensor) -> None:
     cute.copy(atom, tXgX, tXsX, pred=pred)
 
 
+@cute.jit
+def bulk_copy(dst: cute.Pointer, src: cute.Pointer, num_bytes: cutlass.Constexpr[int], mbar_ptr: cute.Pointer) -> None:
+    """One thread: copy ``num_bytes`` (a multiple of 16, both addresses 16-byte aligned) from
+    global to shared memory, completing the bytes on ``mbar_ptr``."""
+    cute.arch.inline_ptx(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [{$r0}], [{$r1}], {$r2}, [{$r3}];",
+        read_only_args=[Int32(dst.toint()), Int64(src.toint()), Int32(num_bytes), Int32(mbar_ptr.toint())],
+    )
+
+
 def read_fragment(source: cute.Tensor, tXrX: cute.Tensor, pred, fill) -> None:
     """Registers <- ``fill``, then the in-bounds vectors of ``source`` (global or staged); with
     no predicate (all in bounds) just the vectors."""
@@ -155,9 +165,10 @@ class RowKernel:
         self.config = config
         self.rows = config if isinstance(config, RowConfig) else config.row
 
-    def _launch(self, kernel, grid_x, stream, ctas_per_sm: int = 0):
+    def _launch(self, kernel, grid_x, stream, ctas_per_sm: int = 0, full_carveout: bool = False):
         """Launch ``kernel`` on ``grid_x`` row tiles; ``ctas_per_sm`` > 1 caps its registers so
-        that many CTAs fit on one SM (with the whole shared-memory carveout)."""
+        that many CTAs fit on one SM (with the whole shared-memory carveout, also asked for by
+        ``full_carveout``)."""
         rows = self.rows
         kernel.launch(
             grid=[grid_x, rows.cluster_n, 1],
@@ -165,7 +176,7 @@ class RowKernel:
             cluster=[1, rows.cluster_n, 1] if const_expr(rows.cluster_n > 1) else None,
             stream=stream,
             min_blocks_per_mp=ctas_per_sm,
-            preferred_smem_carveout=100 if ctas_per_sm > 1 else None,
+            preferred_smem_carveout=100 if ctas_per_sm > 1 or full_carveout else None,
         )
 
     def _tile(self, tile_m):
