@@ -1,6 +1,6 @@
 """Time GEMM configurations side by side with cuBLAS (L2-cold inputs, interleaved rounds).
 
-    python benchmarks/experiment_gemm.py [--shapes MxNxK,...] [--configs TMxTNxWGxCM[xEPINxEPISTAGES][p],...] [--fp8 [--promote N]]
+    python benchmarks/experiment_gemm.py [--shapes MxNxK,...] [--configs TMxTNxWGxCM[xEPINxEPISTAGES[xSWIZZLE]][p|s],...] [--fp8 [--promote N]]
 
 A trailing ``p`` selects the ping-pong schedule (TM = 64: rows per warpgroup tile); a trailing
 ``s`` (fp8) the column-split promotion (``GemmConfig.fp8_split_n``).
@@ -59,9 +59,9 @@ def main():
         for text in args.configs.split(","):
             pingpong, split = text.endswith("p"), text.endswith("s")
             tm, tn, wg, cm, *epi_opts = (int(v) for v in text.rstrip("ps").split("x"))
-            epi_n, epi_stages = epi_opts or (32, 4)
+            epi_n, epi_stages, swizzle = (list(epi_opts) + [32, 4, 8][len(epi_opts):])
             epi = Epilogue(scalar_scale_a=True, scalar_scale_b=True) if args.fp8 else Epilogue()
-            cfg = GemmConfig(tm, tn, cm, 1, 8, sms // cm, epilogue=epi, warpgroups=wg,
+            cfg = GemmConfig(tm, tn, cm, 1, swizzle, sms // cm, epilogue=epi, warpgroups=wg,
                              fp8_promote_every=args.promote if args.fp8 else 0, fp8_split_n=split, epi_n=epi_n, epi_stages=epi_stages,
                              pingpong=pingpong)
             specs = (_operand_spec(a0), _operand_spec(b0), _operand_spec(d), None, None,
