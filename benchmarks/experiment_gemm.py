@@ -1,10 +1,11 @@
 """Time GEMM configurations side by side with cuBLAS (L2-cold inputs, interleaved rounds).
 
-    python benchmarks/experiment_gemm.py [--shapes MxNxK,...] [--configs TMxTNxWGxCM[xEPINxEPISTAGES[xSWIZZLE]][p|s],...] [--fp8 [--promote N]]
+    python benchmarks/experiment_gemm.py [--shapes MxNxK,...] [--configs TMxTNxWGxCM[xEPINxEPISTAGES[xSWIZZLE]][nCN][p|s],...] [--fp8 [--promote N]]
 
-A trailing ``p`` selects the ping-pong schedule (TM = 64: rows per warpgroup tile); a trailing
-``s`` (fp8) the column-split promotion (``GemmConfig.fp8_split_n``).
-Every configuration runs persistent (one CTA per SM at most). Each result is checked against
+``nCN`` sets the cluster's CTAs along N (default 1). A trailing ``p`` selects the ping-pong
+schedule (TM = 64: rows per warpgroup tile); a trailing ``s`` (fp8) the column-split promotion
+(``GemmConfig.fp8_split_n``).
+Every configuration runs persistent (one CTA per SM at most, as many clusters as run at once). Each result is checked against
 cuBLAS before it is timed.
 """
 
@@ -23,7 +24,7 @@ from cute_kernels.gemm.config import Epilogue, GemmConfig  # noqa: E402
 from cute_kernels.gemm.kernel_sm90 import GemmSm90  # noqa: E402
 from cute_kernels.gemm.op import _free_spec, _operand_spec  # noqa: E402
 from cute_kernels.runtime import ScalarSpec, StreamSpec, get_kernel  # noqa: E402
-from cute_kernels.runtime.arch import sm_count  # noqa: E402
+from cute_kernels.runtime.arch import max_active_clusters  # noqa: E402
 
 
 def parse(text, parts):
@@ -38,7 +39,6 @@ def main():
     parser.add_argument("--promote", type=int, default=4,
                         help="fp8: k-tiles per promotion into the fp32 accumulator (0: none, one accumulator)")
     args = parser.parse_args()
-    sms = sm_count(0)
     for m, n, k in parse(args.shapes, []):
         if args.fp8:
             def make():
@@ -58,10 +58,12 @@ def main():
         fns = {}
         for text in args.configs.split(","):
             pingpong, split = text.endswith("p"), text.endswith("s")
-            tm, tn, wg, cm, *epi_opts = (int(v) for v in text.rstrip("ps").split("x"))
+            shape, _, cn = text.rstrip("ps").partition("n")
+            tm, tn, wg, cm, *epi_opts = (int(v) for v in shape.split("x"))
+            cn = int(cn or 1)
             epi_n, epi_stages, swizzle = (list(epi_opts) + [32, 4, 8][len(epi_opts):])
             epi = Epilogue(scalar_scale_a=True, scalar_scale_b=True) if args.fp8 else Epilogue()
-            cfg = GemmConfig(tm, tn, cm, 1, swizzle, sms // cm, epilogue=epi, warpgroups=wg,
+            cfg = GemmConfig(tm, tn, cm, cn, swizzle, max_active_clusters(0, cm * cn), epilogue=epi, warpgroups=wg,
                              fp8_promote_every=args.promote if args.fp8 else 0, fp8_split_n=split, epi_n=epi_n, epi_stages=epi_stages,
                              pingpong=pingpong)
             specs = (_operand_spec(a0), _operand_spec(b0), _operand_spec(d), None, None,
@@ -69,7 +71,7 @@ def main():
             try:
                 kernel = get_kernel(GemmSm90, cfg, specs)
             except Exception as exc:  # noqa: BLE001 (report and go on)
-                print(f"{m}x{n}x{k} {tm}x{tn} wg{wg} c{cm}: {type(exc).__name__}: {str(exc)[:200]}")
+                print(f"{m}x{n}x{k} {tm}x{tn} wg{wg} c{cm}x{cn}: {type(exc).__name__}: {str(exc)[:200]}")
                 continue
 
             def run(a, b, kernel=kernel):
@@ -77,7 +79,7 @@ def main():
 
             run(a0, b0)
             err = ((d[0].float() - ref).abs().max() / ref.abs().max()).item()
-            print(f"{m}x{n}x{k} {tm}x{tn} wg{wg} c{cm}: rel err vs cuBLAS {err:.2e}")
+            print(f"{m}x{n}x{k} {tm}x{tn} wg{wg} c{cm}x{cn}: rel err vs cuBLAS {err:.2e}")
             fns[text] = run  # the configuration as given (epilogue options included)
         if args.fp8:
             scale = one[0]
