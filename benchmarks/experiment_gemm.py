@@ -1,12 +1,13 @@
 """Time GEMM configurations side by side with cuBLAS (L2-cold inputs, interleaved rounds).
 
-    python benchmarks/experiment_gemm.py [--shapes MxNxK,...] [--configs TMxTNxWGxCM[xEPINxEPISTAGES[xSWIZZLE]][nCN][p|s],...] [--fp8 [--promote N]]
+    python benchmarks/experiment_gemm.py [--shapes MxNxK,...] [--configs TMxTNxWGxCM[xEPINxEPISTAGES[xSWIZZLE]][nCN][p|s][t],...] [--fp8 [--promote N]]
 
 ``nCN`` sets the cluster's CTAs along N (default 1). A trailing ``p`` selects the ping-pong
 schedule (TM = 64: rows per warpgroup tile); a trailing ``s`` (fp8) the column-split promotion
-(``GemmConfig.fp8_split_n``).
-Every configuration runs persistent (one CTA per SM at most, as many clusters as run at once). Each result is checked against
-cuBLAS before it is timed.
+(``GemmConfig.fp8_split_n``); a last ``t`` runs the transposed problem (D^T = B^T A^T, the
+operands' roles and majors swapped, D written column-major).
+Every configuration runs persistent (one CTA per SM at most, as many clusters as run at once).
+Each result is checked against cuBLAS before it is timed.
 """
 
 from __future__ import annotations
@@ -57,8 +58,9 @@ def main():
                else torch.matmul(a0[0], b0[0])).float()
         fns = {}
         for text in args.configs.split(","):
-            pingpong, split = text.endswith("p"), text.endswith("s")
-            shape, _, cn = text.rstrip("ps").partition("n")
+            swap = text.endswith("t")  # the transposed problem: D^T = B^T A^T
+            pingpong, split = text.rstrip("t").endswith("p"), text.rstrip("t").endswith("s")
+            shape, _, cn = text.rstrip("pst").partition("n")
             tm, tn, wg, cm, *epi_opts = (int(v) for v in shape.split("x"))
             cn = int(cn or 1)
             epi_n, epi_stages, swizzle = (list(epi_opts) + [32, 4, 8][len(epi_opts):])
@@ -66,16 +68,19 @@ def main():
             cfg = GemmConfig(tm, tn, cm, cn, swizzle, max_active_clusters(0, cm * cn), epilogue=epi, warpgroups=wg,
                              fp8_promote_every=args.promote if args.fp8 else 0, fp8_split_n=split, epi_n=epi_n, epi_stages=epi_stages,
                              pingpong=pingpong)
-            specs = (_operand_spec(a0), _operand_spec(b0), _operand_spec(d), None, None,
-                     _free_spec(sa), _free_spec(sb), ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
+            def operands(a, b, swap=swap):
+                return (b.transpose(1, 2), a.transpose(1, 2), d.transpose(1, 2)) if swap else (a, b, d)
+
+            specs = tuple(_operand_spec(t) for t in operands(a0, b0)) + (
+                None, None, _free_spec(sa), _free_spec(sb), ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
             try:
                 kernel = get_kernel(GemmSm90, cfg, specs)
             except Exception as exc:  # noqa: BLE001 (report and go on)
                 print(f"{m}x{n}x{k} {tm}x{tn} wg{wg} c{cm}x{cn}: {type(exc).__name__}: {str(exc)[:200]}")
                 continue
 
-            def run(a, b, kernel=kernel):
-                kernel(a, b, d, None, None, sa, sb, 1.0, 0.0)
+            def run(a, b, kernel=kernel, operands=operands):
+                kernel(*operands(a, b), None, None, sa, sb, 1.0, 0.0)
 
             run(a0, b0)
             err = ((d[0].float() - ref).abs().max() / ref.abs().max()).item()
