@@ -150,7 +150,14 @@ class NormFwdSm90(_NormKernel):
         cfg, rows = self.config, self.rows
         smem = cutlass.memory.SmemAllocator()
         moments = const_expr(cfg.stage_x or cfg.one_exchange)
-        buffer, mbar_ptr = reduction_workspace(smem, rows, 3 if moments else 1, 2)
+        # With ``stage_affine`` a third barrier counts the weight and bias bytes.
+        buffer, mbar_ptr = reduction_workspace(smem, rows, 3 if moments else 1, 2,
+                                               extra_barriers=1 if const_expr(cfg.stage_affine) else 0)
+        affine = None
+        if const_expr(cfg.stage_affine):
+            affine = (mbar_ptr + 2,
+                      stage_buffer(smem, mW.element_type, rows) if const_expr(cfg.weight) else None,
+                      stage_buffer(smem, mB.element_type, rows) if const_expr(cfg.bias) else None)
         tile, pred = self._tile_and_predicate(mX)
         tXgX, tXgR = self._fragment(mX, tile), self._fragment(mR, tile)
         tXrX = cute.make_rmem_tensor_like(tXgX)
@@ -166,9 +173,8 @@ class NormFwdSm90(_NormKernel):
             if const_expr(rows.stage_smem):
                 tXsR = stage_view(stage_buffer(smem, mR.element_type, rows), make_row_copy(mR.element_type, rows), 0)
             loads.append((tXgR, tXrR, tXsR, mR.element_type(0)))
-        sW = sB = affine_bar = None
         if const_expr(cfg.stage_affine):
-            sW, sB, affine_bar = self._bulk_stage_affine(smem, mW, mB, tile)
+            self._bulk_copy_affine(affine, mW, mB, tile)
         load_fragments(pred, *loads)
         # Weight and bias loads go out before the reductions so their latency hides behind them
         # (unless ``late_affine`` or ``stage_affine``).
@@ -215,9 +221,10 @@ class NormFwdSm90(_NormKernel):
             w = self._load_vector(mW, tile) if const_expr(cfg.weight) else None
             b = self._load_vector(mB, tile) if const_expr(cfg.bias) else None
         if const_expr(cfg.stage_affine):
-            cute.arch.mbarrier_wait(affine_bar, 0)  # initialized before the cluster barrier
-            w = self._read_vector(sW) if const_expr(cfg.weight) else None
-            b = self._read_vector(sB) if const_expr(cfg.bias) else None
+            bar, sW, sB = affine
+            cute.arch.mbarrier_wait(bar, 0)
+            w = self._read_vector(sW, mW) if const_expr(cfg.weight) else None
+            b = self._read_vector(sB, mB) if const_expr(cfg.bias) else None
         y = h * rstd
         if const_expr(cfg.weight):
             y = y * w
@@ -285,21 +292,18 @@ class NormFwdSm90(_NormKernel):
         return count, mean, deviations
 
     @cute.jit
-    def _bulk_stage_affine(self, smem, mW, mB, tile):
-        """Thread 0 copies this CTA's slices of the weight and bias to shared memory with bulk
-        copies completing on an mbarrier; returns each thread's staged fragments and the
-        barrier (wait for phase 0 before reading)."""
+    def _bulk_copy_affine(self, affine, mW, mB, tile):
+        """Thread 2 (which initialized the barrier) bulk-copies this CTA's slices of the weight
+        and bias into their buffers, completing on the barrier (wait for phase 0 to read)."""
         cfg, rows = self.config, self.rows
-        bar = smem.allocate_array(cutlass.Int64, 1, byte_alignment=8)
+        bar, sW, sB = affine
         vectors = []
         if const_expr(cfg.weight):
-            vectors.append((mW, stage_buffer(smem, mW.element_type, rows)))
+            vectors.append((mW, sW))
         if const_expr(cfg.bias):
-            vectors.append((mB, stage_buffer(smem, mB.element_type, rows)))
+            vectors.append((mB, sB))
         tidx, _, _ = cute.arch.thread_idx()
-        if tidx == 0:
-            cute.arch.mbarrier_init(bar, 1)
-            cute.arch.mbarrier_init_fence()
+        if tidx == 2:
             total = 0
             for mV, _ in vectors:
                 total += rows.cols_per_cta * mV.element_type.width // 8
@@ -307,16 +311,13 @@ class NormFwdSm90(_NormKernel):
             for mV, sV in vectors:
                 bulk_copy(sV.iterator, mV.iterator + tile[1] * rows.cols_per_cta,
                           rows.cols_per_cta * mV.element_type.width // 8, bar)
-        staged = [stage_view(sV, make_row_copy(mV.element_type, rows), 0) for mV, sV in vectors]
-        sW = staged[0] if const_expr(cfg.weight) else None
-        sB = staged[-1] if const_expr(cfg.bias) else None
-        return sW, sB, bar
 
-    def _read_vector(self, tWsW: cute.Tensor):
-        """This thread's staged slice of a per-column vector, as fp32."""
-        tWrW = cute.make_rmem_tensor_like(tWsW)
-        read_fragment(tWsW, tWrW, None, tWsW.element_type(0))
-        return tWrW.load().to(Float32)
+    def _read_vector(self, sV: cute.Tensor, mV: cute.Tensor):
+        """This thread's slice of a staged per-column vector, as fp32."""
+        tVsV = stage_view(sV, make_row_copy(mV.element_type, self.rows), 0)
+        tVrV = cute.make_rmem_tensor_like(tVsV)
+        read_fragment(tVsV, tVrV, None, tVsV.element_type(0))
+        return tVrV.load().to(Float32)
 
     @cute.jit
     def _store_row_stats(self, mX, tile, rstd, mean, mRstd, mMean):

@@ -127,11 +127,14 @@ def store_fragment(tXrY: cute.Tensor, tXgY: cute.Tensor, pred: cute.Tensor) -> N
     cute.copy(_vector_atom(tXgY), tXrY, tXgY, pred=pred)
 
 
-def reduction_workspace(smem, config: RowConfig, width: int, buffers: int = 1):
+def reduction_workspace(smem, config: RowConfig, width: int, buffers: int = 1, extra_barriers: int = 0):
     """Shared-memory exchange buffers for row reductions: a Float32 tensor
     (rows_per_cta, warps_per_row * cluster_n, padded width, buffers) and, for a cluster, one
     mbarrier per buffer, each initialized for one arrival (the transaction bytes do the rest).
-    Index both with the buffer number: ``buffer[None, None, None, b]``, ``mbar_ptr + b``."""
+    Index both with the buffer number: ``buffer[None, None, None, b]``, ``mbar_ptr + b``.
+    ``extra_barriers`` more mbarriers follow for the caller's own use (bulk copies): barrier
+    ``buffers + j`` is initialized by thread ``buffers + j``, which may use it at once; the
+    other threads after the cluster barrier."""
     warps_per_row = max(config.threads_per_row // 32, 1)
     layout = cute.make_ordered_layout(
         (config.rows_per_cta, warps_per_row * config.cluster_n, padded_width(width), buffers),
@@ -140,8 +143,8 @@ def reduction_workspace(smem, config: RowConfig, width: int, buffers: int = 1):
     buffer = smem.allocate_tensor(Float32, layout, byte_alignment=16)
     mbar_ptr = None
     if const_expr(config.cluster_n > 1):
-        mbar_ptr = smem.allocate_array(Int64, buffers, byte_alignment=8)
-        _init_cluster_barriers(mbar_ptr, buffers)
+        mbar_ptr = smem.allocate_array(Int64, buffers + extra_barriers, byte_alignment=8)
+        _init_cluster_barriers(mbar_ptr, buffers + extra_barriers)
     return buffer, mbar_ptr
 
 
