@@ -68,6 +68,7 @@ def main():
             cfg = GemmConfig(tm, tn, cm, cn, swizzle, max_active_clusters(0, cm * cn), epilogue=epi, warpgroups=wg,
                              fp8_promote_every=args.promote if args.fp8 else 0, fp8_split_n=split, epi_n=epi_n, epi_stages=epi_stages,
                              pingpong=pingpong)
+
             def operands(a, b, swap=swap):
                 return (b.transpose(1, 2), a.transpose(1, 2), d.transpose(1, 2)) if swap else (a, b, d)
 
