@@ -1,7 +1,7 @@
 """Time the LayerNorm / RMSNorm forward kernel (weight and bias) under different row splits,
 side by side in one run (L2-cold inputs, interleaved rounds).
 
-    python benchmarks/experiment_norms.py [--shapes MxN,...] [--held 1,3,1l,1s,1w] [--rms]
+    python benchmarks/experiment_norms.py [--shapes MxN,...] [--held 1,3,1l,1s,1w] [--rms | --no-bias]
     python benchmarks/experiment_norms.py --backward op,128/128/1/264 [--shapes ...] [--rms]
 
 ``--held H`` builds the row split as if each thread kept H row-sized fragments in registers
@@ -40,30 +40,33 @@ def main():
     parser.add_argument("--shapes", default="4096x65536,4096x131072")
     parser.add_argument("--held", default="1,3,1l")
     parser.add_argument("--rms", action="store_true", help="RMSNorm with a weight (default LayerNorm, weight and bias)")
+    parser.add_argument("--no-bias", action="store_true", help="LayerNorm with a weight only")
     parser.add_argument("--backward", default=None, help="backward launch shapes (see above), comma-separated")
     args = parser.parse_args()
     if args.backward:
         return backward(args)
     dt = torch.bfloat16
     layer_norm = not args.rms
+    bias = layer_norm and not args.no_bias
     for shape in args.shapes.split(","):
         m, n = (int(v) for v in shape.split("x"))
         sets = make_input_sets(lambda: (torch.randn(m, n, device="cuda", dtype=dt),), m * n * 2)
         w = torch.randn(n, device="cuda", dtype=dt)
-        b = torch.randn(n, device="cuda", dtype=dt) if layer_norm else None
+        b = torch.randn(n, device="cuda", dtype=dt) if bias else None
         y = torch.empty(m, n, device="cuda", dtype=dt)
         rstd, mean = torch.empty(m, device="cuda"), torch.empty(m, device="cuda")
-        key = (dt, None, dt, dt if layer_norm else None, dt, None, layer_norm, n)
+        key = (dt, None, dt, dt if bias else None, dt, None, layer_norm, n)
         _, config, specs = _build_forward(key, 8)
         x0 = sets[0][0]
-        ref = (torch.nn.functional.layer_norm(x0.float(), (n,), w.float(), b.float(), 1e-5) if layer_norm
+        ref = (torch.nn.functional.layer_norm(x0.float(), (n,), w.float(), b.float() if bias else None, 1e-5)
+               if layer_norm
                else torch.nn.functional.rms_norm(x0.float(), (n,), w.float(), 1e-5))
         fns = {}
         for text in args.held.split(","):
             held, flags = int(text.rstrip("lswxb")), text.lstrip("0123456789")
             late, staged = "l" in flags, "s" in flags
             rows = row_config(n, 8, 2, tensors_held=held, wide_clusters="w" in flags)
-            config = NormConfig(rows, layer_norm, True, layer_norm, False, late_affine=late,
+            config = NormConfig(rows, layer_norm, True, bias, False, late_affine=late,
                                 stage_x=staged, one_exchange="x" in flags and layer_norm,
                                 stage_affine="b" in flags)
             kernel = get_kernel(NormFwdSm90, config, specs)
@@ -82,6 +85,7 @@ def main():
 def backward(args):
     dt = torch.bfloat16
     layer_norm = not args.rms
+    bias = layer_norm and not args.no_bias
     for shape in args.shapes.split(","):
         m, n = (int(v) for v in shape.split("x"))
 

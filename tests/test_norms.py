@@ -101,6 +101,11 @@ def test_forward_launch_shapes():
     ln = config(65536, True)  # LayerNorm: 32 values per thread while that takes <= 8 CTAs
     assert (ln.row.cluster_n, ln.row.elems_per_thread, ln.one_exchange, ln.stage_affine) == (8, 32, True, True)
     assert config(100000, True).stage_x  # an uneven split stages x instead
+    weight_only = _build_forward((bf16, None, bf16, None, bf16, None, True, 131072), 8)[1]
+    assert weight_only.one_exchange and weight_only.stage_affine
+    plain = _build_forward((bf16, None, None, None, bf16, None, True, 131072), 8)[1]
+    assert plain.one_exchange and not plain.stage_affine  # nothing to copy
+    assert not config(16384, True).one_exchange  # rows of one CTA keep their path
     with_residual = config(65536, True, bf16)  # a residual keeps the late-affine path
     assert not (with_residual.stage_x or with_residual.one_exchange or with_residual.stage_affine)
 
@@ -152,6 +157,31 @@ def test_layer_norm_split_rows_far_from_zero_mean(n):
     y = ck.layer_norm(x, w, b)
     y_t = F.layer_norm(x, (n,), w, b)
     check(y, y_t, ref_norm(True, x, w, b, 1e-5, None), torch.bfloat16)
+
+
+@gpu
+@pytest.mark.parametrize("n", [65536, 131072])
+@pytest.mark.parametrize("affine", ["weight", "bias", "none"])
+def test_layer_norm_split_rows_partial_affine(n, affine):
+    # The one-exchange path with a weight only, a bias only (one bulk copy) and neither.
+    x = (torch.randn(3, n, device="cuda", dtype=torch.bfloat16) + 3).requires_grad_()
+    w = torch.randn(n, device="cuda", dtype=torch.bfloat16).requires_grad_() if affine == "weight" else None
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16).requires_grad_() if affine == "bias" else None
+    y = ck.layer_norm(x, w, b)
+    y_t = F.layer_norm(x, (n,), w, b)
+    check(y, y_t, layer_norm_ref(x.detach(), None if w is None else w.detach(), None if b is None else b.detach(),
+                                 1e-5), torch.bfloat16)
+    dy = torch.randn_like(y)
+    inputs = [t for t in (x, w, b) if t is not None]
+    ours = torch.autograd.grad(y, inputs, dy)
+    theirs = torch.autograd.grad(y_t, inputs, dy)
+    doubles = [t.detach().double().requires_grad_() for t in inputs]
+    x64 = doubles[0]
+    w64 = doubles[1] if w is not None else None
+    b64 = doubles[1] if b is not None else None
+    refs = torch.autograd.grad(layer_norm_ref(x64, w64, b64, 1e-5), doubles, dy.double())
+    for i, (o, t, r) in enumerate(zip(ours, theirs, refs)):
+        check(o, t, r, torch.bfloat16, 1.0 if i == 0 else 3 ** 0.5)
 
 
 @gpu

@@ -49,21 +49,24 @@ def _build_forward(key, vec):
     # bias loaded up front (LayerNorm at 4096 x 131072: 2427 -> 2714 GB/s, benchmarks/NOTES.md).
     stage_x = (late and r_t is None and vec * ITEMSIZE[x_t] >= 4
                and all(t is None or ITEMSIZE[t] == 2 for t in (x_t, w_t, b_t)))
-    # LayerNorm with that path's conditions and 16-byte vectors, when the row splits evenly: x in
-    # registers (32 values per thread where that takes at most 8 CTAs, else 64), the moments
-    # reduced in one exchange, the weight and bias bulk-copied to shared memory at the start
-    # (measured on H100, bf16, against the staged path: 4096 x 131072 2728 -> 2843 GB/s,
-    # 4096 x 65536 2733 -> 2927, 8192 x 32768 2772 -> 2952; benchmarks/NOTES.md).
+    # LayerNorm rows split over a cluster, without a residual, 16-bit, with 16-byte vectors, when
+    # the row splits evenly: x in registers (32 values per thread where that takes at most 8
+    # CTAs, else 64), the moments reduced in one exchange, the weight and bias (any of them)
+    # bulk-copied to shared memory at the start (measured on H100, bf16, weight and bias,
+    # against the staged path: 4096 x 131072 2728 -> 2843 GB/s, 4096 x 65536 2733 -> 2927,
+    # 8192 x 32768 2772 -> 2952; benchmarks/NOTES.md).
     one_exchange = False
-    if stage_x and layer_norm and vec * ITEMSIZE[x_t] == 16:
-        split = row_config(n, vec, widest, tensors_held=1)
+    split = row_config(n, vec, widest, tensors_held=1)
+    if (layer_norm and r_t is None and vec * ITEMSIZE[x_t] == 16 and split.cluster_n > 1
+            and all(t is None or ITEMSIZE[t] == 2 for t in (x_t, w_t, b_t))):
         if split.cluster_n < 8:
             split = row_config(n, vec, widest, tensors_held=3)
-        if split.even_n and split.cluster_n > 1 and split.elems_per_thread <= 64:
+        if split.even_n and split.elems_per_thread <= 64:
             rows, stage_x, one_exchange = split, False, True
+    affine = w_t is not None or b_t is not None
     config = NormConfig(rows, layer_norm, w_t is not None, b_t is not None, r_t is not None,
                         late_affine=late and not (stage_x or one_exchange), stage_x=stage_x,
-                        one_exchange=one_exchange, stage_affine=one_exchange)
+                        one_exchange=one_exchange, stage_affine=one_exchange and affine)
     x, r, y, h = (None if d is None else row_specs((d,), n, vec)[0] for d in (x_t, r_t, y_t, h_t))
     specs = (x, r, _vector_spec(w_t, n, vec), _vector_spec(b_t, n, vec), y, h, _STAT,
              _STAT if layer_norm else None, ScalarSpec("float32"), row_specs((), n, vec)[-1])
