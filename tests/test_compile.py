@@ -63,6 +63,9 @@ def test_norm_configuration_compiles_without_spills(case):
         assert "st.async.shared::cluster" in report.ptx
     if kernel.__name__ == "NormBwdSm90" and rows.vec * 2 >= 4:
         assert "cp.async" in report.ptx, "the backward pipelines x and dy through shared memory"
+    if kernel.__name__ == "NormFwdSm90" and config.stage_affine:
+        copies = report.ptx.count("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes")
+        assert copies == config.weight + config.bias, "one bulk copy per staged vector"
 
 
 CROSS_ENTROPY = cross_entropy_op.compile_configurations()
