@@ -54,6 +54,12 @@ from .rows import (
 )
 
 
+# The forward's barriers: two for the row exchanges, then the one for the bulk-copied weight and
+# bias (``reduction_workspace`` has thread i initialize barrier i, so thread AFFINE_BARRIER
+# issues those copies).
+AFFINE_BARRIER = 2
+
+
 @dataclass(frozen=True)
 class NormConfig:
     row: RowConfig
@@ -150,12 +156,13 @@ class NormFwdSm90(_NormKernel):
         cfg, rows = self.config, self.rows
         smem = cutlass.memory.SmemAllocator()
         moments = const_expr(cfg.stage_x or cfg.one_exchange)
-        # With ``stage_affine`` a third barrier counts the weight and bias bytes.
+        # Two exchange buffers; with ``stage_affine`` a third barrier (AFFINE_BARRIER) counts the
+        # weight and bias bytes.
         buffer, mbar_ptr = reduction_workspace(smem, rows, 3 if moments else 1, 2,
                                                extra_barriers=1 if const_expr(cfg.stage_affine) else 0)
         affine = None
         if const_expr(cfg.stage_affine):
-            affine = (mbar_ptr + 2,
+            affine = (mbar_ptr + AFFINE_BARRIER,
                       stage_buffer(smem, mW.element_type, rows) if const_expr(cfg.weight) else None,
                       stage_buffer(smem, mB.element_type, rows) if const_expr(cfg.bias) else None)
         tile, pred = self._tile_and_predicate(mX)
@@ -293,8 +300,9 @@ class NormFwdSm90(_NormKernel):
 
     @cute.jit
     def _bulk_copy_affine(self, affine, mW, mB, tile):
-        """Thread 2 (which initialized the barrier) bulk-copies this CTA's slices of the weight
-        and bias into their buffers, completing on the barrier (wait for phase 0 to read)."""
+        """Thread AFFINE_BARRIER (which initialized the barrier) bulk-copies this CTA's slices of
+        the weight and bias into their buffers, completing on the barrier (wait for phase 0 to
+        read)."""
         cfg, rows = self.config, self.rows
         bar, sW, sB = affine
         vectors = []
@@ -303,7 +311,7 @@ class NormFwdSm90(_NormKernel):
         if const_expr(cfg.bias):
             vectors.append((mB, sB))
         tidx, _, _ = cute.arch.thread_idx()
-        if tidx == 2:
+        if tidx == AFFINE_BARRIER:
             total = 0
             for mV, _ in vectors:
                 total += rows.cols_per_cta * mV.element_type.width // 8
