@@ -1,6 +1,9 @@
 """SM clock and board power while one fp8 GEMM runs back to back (nvidia-smi sampled every 50 ms).
 
-    python benchmarks/experiment_power.py [--shape MxNxK] [--configs as experiment_gemm] [--seconds S]
+    python benchmarks/experiment_power.py [--shape MxNxK] [--configs s,none,128x192c2,...] [--seconds S]
+
+Configurations: ``s`` the 128 x 256 column-split promotion, ``none`` 128 x 256 without
+promotion, ``TMxTN`` a fold per k-tile; ``cCM`` after any of them sets the cluster's CTAs along M.
 """
 from __future__ import annotations
 
@@ -59,9 +62,17 @@ def main():
     sa, sb = one[:m], one[:n]
     fns = {}
     for text in args.configs.split(","):
-        split = text == "s"
-        cfg = GemmConfig(128, 256, 1, 1, 8, sm_count(0), epilogue=Epilogue(row_scale=True, col_scale=True),
-                         fp8_promote_every=1 if split else 0, fp8_split_n=split)
+        epi = Epilogue(row_scale=True, col_scale=True)
+        if text.startswith(("none", "s")):  # 128 x 256: no promotion / column split
+            split = text.startswith("s")
+            cm = int(text.partition("c")[2] or 1)
+            cfg = GemmConfig(128, 256, cm, 1, 8, sm_count(0) // cm, epilogue=epi, fp8_promote_every=int(split),
+                             fp8_split_n=split)
+        else:  # TMxTN[cCM]: a fold per k-tile
+            shape, _, cm = text.partition("c")
+            tm, tn = (int(v) for v in shape.split("x"))
+            cm = int(cm or 1)
+            cfg = GemmConfig(tm, tn, cm, 1, 8, sm_count(0) // cm, epilogue=epi, fp8_promote_every=1)
         specs = (_operand_spec(a), _operand_spec(b), _operand_spec(d), None, None, _free_spec(sa),
                  _free_spec(sb), ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
         kernel = get_kernel(GemmSm90, cfg, specs)

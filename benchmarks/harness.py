@@ -73,13 +73,14 @@ def kernel_profile(fn: Callable, args: tuple, calls: int = 1, rows: int = 12) ->
 
 
 def bench_many(fns: dict, input_sets: Sequence[tuple], rounds: int = 3, reps: int = 20) -> dict:
-    """Median milliseconds of each candidate, measured in interleaved rounds (a, b, c, a, b, c,
-    ...) so clock and thermal drift fall on all of them alike; each round's median, then the
-    median over rounds."""
+    """Median milliseconds of each candidate, measured in interleaved rounds whose order rotates
+    (a, b, c, then b, c, a, ...) so clock and thermal drift fall on all of them alike and none is
+    always the first after a cool-down; each round's median, then the median over rounds."""
     per_round = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            per_round[name].append(bench(fn, input_sets, warmup=3, reps=reps))
+    names = list(fns)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            per_round[name].append(bench(fns[name], input_sets, warmup=3, reps=reps))
     return {name: statistics.median(times) for name, times in per_round.items()}
 
 

@@ -51,7 +51,9 @@ def test_heuristic_fills_the_machine():
     fp8 = choose_config(4096, 4096, 4096, 1, 1, 132)
     assert (fp8.tile_n, fp8.fp8_split_n, fp8.fp8_promote_every) == (256, True, 1)  # per column half
     small = choose_config(512, 512, 4096, 1, 1, 132)
-    assert (small.tile_n, small.fp8_split_n, small.fp8_promote_every) == (128, False, 4)
+    assert (small.tile_n, small.fp8_split_n, small.fp8_promote_every) == (128, False, 1)
+    big_fp8 = choose_config(8192, 8192, 8192, 1, 1, 132)  # 20.8 waves of 128 x 192 vs 15.5 of 128 x 256
+    assert (big_fp8.tile_n, big_fp8.fp8_split_n, big_fp8.fp8_promote_every, big_fp8.cluster_m) == (192, False, 1, 2)
     fast = choose_config(4096, 4096, 4096, 1, 1, 132, fast_accum=True)
     assert (fast.tile_n, fast.fp8_split_n, fast.fp8_promote_every, fast.cluster_m) == (256, False, 0, 1)
     assert choose_config(4096, 4096, 4096, 1, 2, 132, fast_accum=True) == choose_config(4096, 4096, 4096, 1, 2, 132)
@@ -68,7 +70,9 @@ def test_tuning_candidates():
     assert any(c.pingpong for c in found)
     assert all(c.max_clusters * c.cluster_m <= 132 for c in found)
     fp8 = choose_config(4096, 4096, 4096, 1, 1, 132)
-    assert all(c.fp8_split_n == (c.tile_n == 256) for c in candidates(fp8, 4096, 132))
+    fp8_found = candidates(fp8, 4096, 132)
+    assert all(c.fp8_split_n == (c.tile_n == 256) and c.fp8_promote_every == 1 for c in fp8_found)
+    assert {c.tile_n for c in fp8_found} == {256, 192, 128, 96}
     assert {c.tile_m for c in candidates(choose_config(128, 512, 512, 1, 2, 132), 128, 132)} == {64, 128}
     assert all(c.tile_m == 64 for c in candidates(choose_config(64, 512, 512, 1, 2, 132), 64, 132))
     fast = candidates(choose_config(4096, 4096, 4096, 1, 1, 132, fast_accum=True), 4096, 132, fp8=True)
@@ -114,7 +118,8 @@ def test_pingpong_schedule(tile):
 @pytest.mark.parametrize("cluster_m", [1, 2])
 def test_fp8_column_split_promotion(cluster_m):
     # 128 x 256 tiles folding per column half: ragged M, N and K, per-row / per-column scales, a
-    # poisoned output, several tiles per CTA; checked like the 128 x 128 kernel next to it.
+    # poisoned output, several tiles per CTA; checked like the kernels next to it (128 x 128
+    # folding every 4 k-tiles, so the last window is partial; 128 x 192 folding every k-tile).
     from cute_kernels.gemm.config import Epilogue, GemmConfig
     from cute_kernels.gemm.kernel_sm90 import GemmSm90
     from cute_kernels.gemm.op import _free_spec, _operand_spec
@@ -129,7 +134,8 @@ def test_fp8_column_split_promotion(cluster_m):
              None, None, _free_spec(sa), _free_spec(sb), ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
     outs = []
     for cfg in (GemmConfig(128, 256, cluster_m, max_clusters=16, epilogue=epi, fp8_promote_every=1, fp8_split_n=True),
-                GemmConfig(128, 128, 1, max_clusters=16, epilogue=epi, fp8_promote_every=4)):
+                GemmConfig(128, 128, 1, max_clusters=16, epilogue=epi, fp8_promote_every=4),
+                GemmConfig(128, 192, 2, max_clusters=8, epilogue=epi, fp8_promote_every=1)):
         d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
         get_kernel(GemmSm90, cfg, specs)(a, b, d, None, None, sa, sb, 1.0, 0.0)
         outs.append(d)

@@ -62,9 +62,10 @@ class GemmConfig:
 # 749 / 503 TFLOP/s, benchmarks/NOTES.md). The smaller tile wins only by filling more SMs.
 TILE_EFFICIENCY = {(128, 256): 1.0, (128, 128): 0.7}
 # fp8 keeps a second fp32 accumulator for the promotion: 128 x 256 fits only with the
-# column-split promotion (measured 1152 / 1176 vs 1018 / 902 TFLOP/s for 128 x 128 at 4096^3 /
-# 8192^3, benchmarks/NOTES.md).
-FP8_TILE_EFFICIENCY = {(128, 256): 1.0, (128, 128): 0.85}
+# column-split promotion; 128 x 192 and 128 x 128 hold both accumulators whole (measured at
+# 8192^3: 1263-1276 / 1229-1234 vs 1233-1278 TFLOP/s; at 4096^3 128 x 128 1178 vs 1301;
+# benchmarks/NOTES.md), so 128 x 192 wins where its waves round better.
+FP8_TILE_EFFICIENCY = {(128, 256): 1.0, (128, 192): 1.0, (128, 128): 0.85}
 # fp8 without promotion (fast accumulation): 1314 / 1358 vs 1058 / 1030 TFLOP/s at 4096^3 /
 # 8192^3 (benchmarks/NOTES.md).
 FP8_FAST_TILE_EFFICIENCY = {(128, 256): 1.0, (128, 128): 0.8}
@@ -78,8 +79,8 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
     count (tiles / SMs, rounded up) times the tile's work divided by its measured MMA
     efficiency; the cheapest wins, so small problems shrink the tile until more SMs have work.
     M <= 128 takes 64 x 128 tiles (one warpgroup), with a 2-CTA cluster along M sharing B when
-    M > 64; fp8 chooses between 128 x 256 (column-split promotion) and 128 x 128 the same way as
-    16-bit (``fast_accum``: no promotion, one accumulator, 128 x 256 without the split); short K
+    M > 64; fp8 chooses among 128 x 256 (column-split promotion), 128 x 192 and 128 x 128 the
+    same way (``fast_accum``: no promotion, one accumulator, 128 x 256 or 128 x 128); short K
     with many tiles takes the ping-pong schedule. A 2-CTA cluster along M halves
     B traffic from L2 when there are enough tiles to fill the clusters. The grid is persistent:
     at most one CTA per SM.
@@ -109,14 +110,16 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
                 and (-n % 192) * 32 <= n)
     if pingpong:
         tile_m, tile_n = 128, 192
-    # fp8 at 128 x 256 folds after each column half of every k-tile; measured a little faster
-    # without the cluster (1176 vs 1134 at 8192^3), and so without promotion (1315 vs 1206 at
-    # 8192^3; 1295 vs 1317 at 4096^3).
-    split = itemsize == 1 and tile_n == 256 and not fast_accum
+    # fp8 folds the MMA accumulator into the fp32 one after every k-tile (128 values of K, as
+    # cuBLAS does); at 128 x 256 after each column half of every k-tile. 128 x 256 runs without
+    # the cluster (measured 1233 vs 1222 at 8192^3, 1181 vs 1165 at 4096^3), and so without
+    # promotion (1315 vs 1206 at 8192^3; 1295 vs 1317 at 4096^3).
+    exact_fp8 = itemsize == 1 and not fast_accum
+    split = exact_fp8 and tile_n == 256
     enough = tiles(tile_m, tile_n) >= 2 * sm_count or 64 < m <= 128
     one_cta = itemsize == 1 and tile_n == 256
     cluster_m = 2 if enough and not one_cta and -(-m // tile_m) % 2 == 0 else 1
-    promote = (1 if split else 4) if itemsize == 1 and not fast_accum else 0
+    promote = 1 if exact_fp8 else 0
     return GemmConfig(tile_m, tile_n, cluster_m, 1, 8, max(1, sm_count // cluster_m),
                       epilogue=epilogue, fp8_promote_every=promote, fp8_split_n=split,
                       pingpong=pingpong)

@@ -18,7 +18,8 @@ Design:
     warp), so in the cooperative schedule one warpgroup may start the next tile's MMAs while
     the other still stores.
   - fp8 (e4m3 / e5m2): MMA results are folded into a separate fp32 accumulator every
-    ``fp8_promote_every`` k-tiles, so long K keeps fp32 accuracy; with ``fp8_split_n`` the MMA
+    ``fp8_promote_every`` k-tiles, so long K keeps fp32 accuracy (the first MMA after a fold
+    overwrites the MMA accumulator instead of adding to a zeroed one); with ``fp8_split_n`` the MMA
     accumulator covers one column half of the tile and is folded after each half of every
     k-tile (so 128 x 256 tiles fit: 128 + 64 fp32 values per thread); per-row / per-column
     scales are applied in the epilogue, per-tensor scales are read once and folded into alpha.
@@ -353,8 +354,6 @@ class GemmSm90:
             read.reset_count()
             release.reset_count()
             acc.fill(0.0)
-            if const_expr(promote > 0 and not split):
-                mma_acc.fill(0.0)
             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
             cute.nvgpu.warpgroup.fence()
             if const_expr(split):
@@ -385,6 +384,8 @@ class GemmSm90:
                     for k in range(k0, cutlass.min(k0 + window, k_tiles)):
                         mainloop.consumer_wait(read)
                         for kb in cutlass.range_constexpr(k_blocks):
+                            if const_expr(promote > 0):  # the window's first MMA overwrites
+                                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True if kb > 0 else k > k0)
                             cute.gemm(tiled_mma, mma_acc, tCrA[(None, None, kb, read.index)],
                                       tCrB[(None, None, kb, read.index)], mma_acc)
                         cute.nvgpu.warpgroup.commit_group()
@@ -396,7 +397,6 @@ class GemmSm90:
                     if const_expr(promote > 0):
                         cute.nvgpu.warpgroup.wait_group(0)
                         acc.store(acc.load() + mma_acc.load())
-                        mma_acc.fill(0.0)
                         cute.nvgpu.warpgroup.fence()
                 cute.nvgpu.warpgroup.wait_group(0)
                 if k_tiles > 0:

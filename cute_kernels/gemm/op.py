@@ -408,9 +408,10 @@ def compile_configurations(quick: bool = False):
         cfg = GemmConfig(128, 256, max_clusters=132, epilogue=epi)
         found.append((GemmSm90, cfg, (bf16("row"), bf16("row"), out, free(2) if epi.residual else None,
                                       free(1) if epi.bias else None, None, None) + scalars))
-    for tm, tn, cm in ((128, 128, 1), (128, 128, 2), (64, 128, 1), (64, 128, 2), (128, 256, 1), (128, 256, 2)):
+    for tm, tn, cm in ((128, 128, 1), (128, 128, 2), (64, 128, 1), (64, 128, 2), (128, 256, 1), (128, 256, 2),
+                       (128, 192, 1), (128, 192, 2)):
         cfg = GemmConfig(tm, tn, cm, max_clusters=132 // cm, epilogue=Epilogue(row_scale=True, col_scale=True),
-                         fp8_promote_every=1 if tn == 256 else 4, fp8_split_n=tn == 256)
+                         fp8_promote_every=1, fp8_split_n=tn == 256)
         found.append((GemmSm90, cfg, (fp8_row, fp8_col, out, None, None, f32, f32) + scalars))
     # fp8 without promotion (fast_accum): the heuristic's tiles and the others tuned=True times.
     for tm, tn, cm in ((128, 256, 1), (128, 256, 2), (128, 128, 1), (128, 128, 2), (64, 128, 1), (64, 128, 2)):
@@ -427,7 +428,7 @@ def compile_configurations(quick: bool = False):
     for cm in (1, 2):
         found.append((GemmSm90, GemmConfig(128, 192, cm, max_clusters=132 // cm, pingpong=True),
                       (bf16("row"), bf16("row"), out, None, None, None, None) + scalars))
-        cfg = GemmConfig(128, 96, cm, max_clusters=132 // cm, pingpong=True, fp8_promote_every=4,
+        cfg = GemmConfig(128, 96, cm, max_clusters=132 // cm, pingpong=True, fp8_promote_every=1,
                          epilogue=Epilogue(row_scale=True, col_scale=True))
         found.append((GemmSm90, cfg, (fp8_row, fp8_col, out, None, None, f32, f32) + scalars))
     # Batched (L, M, K) operands, and one cluster per tile (the grid when max_clusters is not capped).

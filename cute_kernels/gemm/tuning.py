@@ -34,7 +34,7 @@ def candidates(base: GemmConfig, m: int, sms: int, fp8: bool = False) -> list[Ge
     elif m <= 128:
         shapes = [(64, 128, False), (128, 128, False)]
     elif promote:
-        shapes = [(128, 256, False), (128, 128, False), (128, 96, True)]
+        shapes = [(128, 256, False), (128, 192, False), (128, 128, False), (128, 96, True)]
     elif fp8:
         shapes = [(128, 256, False), (128, 128, False)]
     else:
@@ -46,7 +46,7 @@ def candidates(base: GemmConfig, m: int, sms: int, fp8: bool = False) -> list[Ge
             cfg = dataclasses.replace(base, tile_m=tile_m, tile_n=tile_n, cluster_m=cluster_m,
                                       max_clusters=max(1, sms // cluster_m), pingpong=pingpong,
                                       fp8_split_n=split,
-                                      fp8_promote_every=(1 if split else 4) if promote else 0)
+                                      fp8_promote_every=int(promote))
             if cfg not in found:
                 found.append(cfg)
     return found
