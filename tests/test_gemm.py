@@ -338,6 +338,31 @@ def test_fp8(scales, fmt, fast_accum):
 
 
 @gpu
+@pytest.mark.parametrize("m, n, tile", [(1024, 4096, (128, 256)), (2048, 3072, (128, 192)),
+                                        (512, 512, (128, 128)), (100, 1024, (64, 128))])
+def test_fp8_accumulates_like_scaled_mm(m, n, tile):
+    # Every tile the heuristic picks for fp8 folds every 128 values of K: with fp32 output over
+    # a long K its error against float64 is cuBLAS's (the tensor core's own accumulation over
+    # all of K, as with fast accumulation, would be several times larger).
+    from cute_kernels.gemm.config import choose_config
+    from cute_kernels.runtime.arch import sm_count
+
+    k = 16384
+    cfg = choose_config(m, n, k, 1, 1, sm_count(0))
+    assert (cfg.tile_m, cfg.tile_n, cfg.fp8_promote_every) == (*tile, 1)
+    a = torch.randn(m, k, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(n, k, device="cuda").to(torch.float8_e4m3fn).t()
+    one = torch.ones((), device="cuda")
+    ref = a.double() @ b.double()
+    ours = ck.gemm_fp8(a, b, one, one, out_dtype=torch.float32)
+    cublas = torch._scaled_mm(a, b, one, one, out_dtype=torch.float32)
+    fast = ck.gemm_fp8(a, b, one, one, out_dtype=torch.float32, fast_accum=True)
+    err, err_cublas, err_fast = ((t.double() - ref).abs().max().item() for t in (ours, cublas, fast))
+    assert err <= 1.25 * err_cublas, (err, err_cublas)
+    assert err_fast >= 2 * err, (err_fast, err)  # the test can tell the two apart
+
+
+@gpu
 def test_torch_compile():
     f = torch.compile(lambda a, b, bias: ck.gemm(a, b, bias=bias, activation="relu"), fullgraph=True)
     a = torch.randn(256, 128, device="cuda", dtype=torch.bfloat16)

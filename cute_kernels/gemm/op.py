@@ -357,8 +357,8 @@ def gemm_fp8(a, b, scale_a, scale_b, *, out_dtype=torch.bfloat16, bias=None, tun
 
     ``scale_a``: fp32 scalar tensor (per tensor) or (M,) (per row of a); ``scale_b``: scalar or
     (N,) (per column of b). Accumulation keeps fp32 accuracy: the tensor-core accumulator is
-    folded into a second fp32 accumulator every 128 values of K with 128 x 256 tiles (one column
-    half at a time), every 512 with the smaller tiles. ``fast_accum=True`` never folds (the
+    folded into a second fp32 accumulator every 128 values of K (with 128 x 256 tiles one column
+    half at a time), as ``torch._scaled_mm`` does. ``fast_accum=True`` never folds (the
     tensor core's own accumulation over all of K, as ``torch._scaled_mm(use_fast_accum=True)``):
     faster, less accurate for long K. ``tuned`` as in ``gemm``.
 
