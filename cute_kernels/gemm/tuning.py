@@ -26,7 +26,8 @@ _memory: dict = {}
 def candidates(base: GemmConfig, m: int, sms: int, fp8: bool = False) -> list[GemmConfig]:
     """The heuristic's choice first, then the other tile / cluster / schedule shapes worth
     timing (ping-pong tiles are per warpgroup: 128 x 192 keeps 192 fp32 accumulators, fp8's
-    128 x 96 two accumulators of 96; fp8's 128 x 256 folds per column half). fp8 without
+    128 x 96 two accumulators of 96; fp8's 128 x 256 folds per column half, its 128 x 192 keeps
+    two accumulators of 96 per warpgroup; every fp8 tile folds per k-tile). fp8 without
     promotion (fast accumulation) takes no ping-pong: 192 accumulators spill with its layouts."""
     promote = base.fp8_promote_every > 0
     if m <= 64:
