@@ -4,6 +4,8 @@ Tolerance rule: our max error against the float64 product is at most twice the e
 torch's matmul on the same bf16/fp16 inputs (cuBLAS, fp32 accumulation) plus a floor.
 """
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -142,6 +144,35 @@ def test_fp8_column_split_promotion(cluster_m):
     ref = (a.double() @ b.double()) * sa.double().reshape(-1, 1) * sb.double()
     for d in outs:
         assert (d.double() - ref).abs().max().item() <= 1e-2 * ref.abs().max().item()
+
+
+@gpu
+def test_fp8_exact_configurations():
+    # Every configuration exact fp8 may run (the heuristic's and the tuned candidates: 128 x 256
+    # split, 128 x 192, 128 x 128, ping-pong 128 x 96, clusters 1 and 2), each folding per k-tile:
+    # ragged M, N and K, per-row / per-column scales, a poisoned output, several tiles per CTA.
+    from cute_kernels.gemm.config import Epilogue
+    from cute_kernels.gemm.kernel_sm90 import GemmSm90
+    from cute_kernels.gemm.op import _free_spec, _operand_spec
+    from cute_kernels.gemm.tuning import candidates
+    from cute_kernels.runtime import ScalarSpec, StreamSpec, get_kernel
+
+    m, n, k = 1000, 2896, 1040
+    a = (torch.randn(m, k, device="cuda") * 0.5).to(torch.float8_e4m3fn)
+    b = (torch.randn(n, k, device="cuda") * 0.5).to(torch.float8_e4m3fn).t()
+    sa, sb = torch.rand(m, device="cuda") + 0.5, torch.rand(n, device="cuda") + 0.5
+    d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    specs = (_operand_spec(a), _operand_spec(b), _operand_spec(d), None, None, _free_spec(sa),
+             _free_spec(sb), ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
+    ref = (a.double() @ b.double()) * sa.double().reshape(-1, 1) * sb.double()
+    base = choose_config(m, n, k, 1, 1, 132, Epilogue(row_scale=True, col_scale=True))
+    found = [dataclasses.replace(c, max_clusters=max(1, 16 // c.cluster_m)) for c in candidates(base, m, 132)]
+    assert {(c.tile_n, c.pingpong) for c in found} == {(256, False), (192, False), (128, False), (96, True)}
+    for cfg in found:
+        d.fill_(float("nan"))
+        get_kernel(GemmSm90, cfg, specs)(a, b, d, None, None, sa, sb, 1.0, 0.0)
+        err = (d.double() - ref).abs().max().item() / ref.abs().max().item()
+        assert err <= 1e-2, (err, cfg)
 
 
 @gpu
