@@ -4,11 +4,12 @@
 
 Configurations: ``s`` the 128 x 256 column-split promotion, ``none`` 128 x 256 without
 promotion, ``TMxTN`` a fold per k-tile; ``cCM`` after any of them sets the cluster's CTAs along M,
-a last ``wSW`` the swizzle group (default 8).
+``nCN`` along N, a last ``wSW`` the swizzle group (default 8).
 """
 from __future__ import annotations
 
 import argparse
+import re
 import subprocess
 import sys
 import time
@@ -65,21 +66,22 @@ def main():
     for text in args.configs.split(","):
         epi = Epilogue(row_scale=True, col_scale=True)
         name, _, swizzle = text.partition("w")
-        text, swizzle = name, int(swizzle or 8)
+        cn = re.search(r"n(\d)$", name)
+        text, swizzle, cn = name[:cn.start()] if cn else name, int(swizzle or 8), int(cn.group(1)) if cn else 1
         if text.startswith(("none", "s")):  # 128 x 256: no promotion / column split
             split = text.startswith("s")
             cm = int(text.partition("c")[2] or 1)
-            cfg = GemmConfig(128, 256, cm, 1, swizzle, sm_count(0) // cm, epilogue=epi, fp8_promote_every=int(split),
+            cfg = GemmConfig(128, 256, cm, cn, swizzle, sm_count(0) // (cm * cn), epilogue=epi, fp8_promote_every=int(split),
                              fp8_split_n=split)
         else:  # TMxTN[cCM]: a fold per k-tile
             shape, _, cm = text.partition("c")
             tm, tn = (int(v) for v in shape.split("x"))
             cm = int(cm or 1)
-            cfg = GemmConfig(tm, tn, cm, 1, swizzle, sm_count(0) // cm, epilogue=epi, fp8_promote_every=1)
+            cfg = GemmConfig(tm, tn, cm, cn, swizzle, sm_count(0) // (cm * cn), epilogue=epi, fp8_promote_every=1)
         specs = (_operand_spec(a), _operand_spec(b), _operand_spec(d), None, None, _free_spec(sa),
                  _free_spec(sb), ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
         kernel = get_kernel(GemmSm90, cfg, specs)
-        fns[f"ours-{text}w{swizzle}"] = lambda kernel=kernel: kernel(a, b, d, None, None, sa, sb, 1.0, 0.0)
+        fns[f"ours-{text}n{cn}w{swizzle}"] = lambda kernel=kernel: kernel(a, b, d, None, None, sa, sb, 1.0, 0.0)
     s = one[0]
     fns["cublas-exact"] = lambda: torch._scaled_mm(a, b, s, s, out_dtype=torch.bfloat16)
     fns["cublas-fast"] = lambda: torch._scaled_mm(a, b, s, s, out_dtype=torch.bfloat16, use_fast_accum=True)
