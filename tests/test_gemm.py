@@ -147,10 +147,12 @@ def test_fp8_column_split_promotion(cluster_m):
 
 
 @gpu
-def test_fp8_exact_configurations():
-    # Every configuration exact fp8 may run (the heuristic's and the tuned candidates: 128 x 256
-    # split, 128 x 192, 128 x 128, ping-pong 128 x 96, clusters 1 and 2), each folding per k-tile:
-    # ragged M, N and K, per-row / per-column scales, a poisoned output, several tiles per CTA.
+@pytest.mark.parametrize("fast_accum", [False, True])
+def test_fp8_configurations(fast_accum):
+    # Every configuration fp8 may run (the heuristic's and the tuned candidates; exact: 128 x 256
+    # split, 128 x 192, 128 x 128, ping-pong 128 x 96, each folding per k-tile; fast
+    # accumulation: no fold, no ping-pong), clusters 1 and 2: ragged M, N and K, per-row /
+    # per-column scales, a poisoned output, several tiles per CTA.
     from cute_kernels.gemm.config import Epilogue
     from cute_kernels.gemm.kernel_sm90 import GemmSm90
     from cute_kernels.gemm.op import _free_spec, _operand_spec
@@ -165,9 +167,12 @@ def test_fp8_exact_configurations():
     specs = (_operand_spec(a), _operand_spec(b), _operand_spec(d), None, None, _free_spec(sa),
              _free_spec(sb), ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
     ref = (a.double() @ b.double()) * sa.double().reshape(-1, 1) * sb.double()
-    base = choose_config(m, n, k, 1, 1, 132, Epilogue(row_scale=True, col_scale=True))
-    found = [dataclasses.replace(c, max_clusters=max(1, 16 // c.cluster_m)) for c in candidates(base, m, 132)]
-    assert {(c.tile_n, c.pingpong) for c in found} == {(256, False), (192, False), (128, False), (96, True)}
+    base = choose_config(m, n, k, 1, 1, 132, Epilogue(row_scale=True, col_scale=True), fast_accum=fast_accum)
+    found = [dataclasses.replace(c, max_clusters=max(1, 16 // c.cluster_m))
+             for c in candidates(base, m, 132, fp8=True)]
+    expected = {(256, False), (128, False)} if fast_accum else {(256, False), (192, False), (128, False), (96, True)}
+    assert {(c.tile_n, c.pingpong) for c in found} == expected
+    assert all(c.fp8_promote_every == (0 if fast_accum else 1) for c in found)
     for cfg in found:
         d.fill_(float("nan"))
         get_kernel(GemmSm90, cfg, specs)(a, b, d, None, None, sa, sb, 1.0, 0.0)
@@ -176,29 +181,8 @@ def test_fp8_exact_configurations():
 
 
 @gpu
-def test_fp8_fast_accum_configurations():
-    # Every configuration fast accumulation may run (the heuristic's and the tuned candidates):
-    # ragged M, N and K, per-row / per-column scales, a poisoned output; and the op at a long K.
-    from cute_kernels.gemm.config import Epilogue
-    from cute_kernels.gemm.kernel_sm90 import GemmSm90
-    from cute_kernels.gemm.op import _free_spec, _operand_spec
-    from cute_kernels.gemm.tuning import candidates
-    from cute_kernels.runtime import ScalarSpec, StreamSpec, get_kernel
-
-    m, n, k = 1000, 2896, 1040
-    a = (torch.randn(m, k, device="cuda") * 0.5).to(torch.float8_e4m3fn)
-    b = (torch.randn(n, k, device="cuda") * 0.5).to(torch.float8_e4m3fn).t()
-    sa, sb = torch.rand(m, device="cuda") + 0.5, torch.rand(n, device="cuda") + 0.5
-    d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    specs = (_operand_spec(a), _operand_spec(b), _operand_spec(d), None, None, _free_spec(sa),
-             _free_spec(sb), ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
-    ref = (a.double() @ b.double()) * sa.double().reshape(-1, 1) * sb.double()
-    base = choose_config(m, n, k, 1, 1, 132, Epilogue(row_scale=True, col_scale=True), fast_accum=True)
-    for cfg in candidates(base, m, 132, fp8=True):
-        d.fill_(float("nan"))
-        get_kernel(GemmSm90, cfg, specs)(a, b, d, None, None, sa, sb, 1.0, 0.0)
-        err = (d.double() - ref).abs().max().item() / ref.abs().max().item()
-        assert err <= 1e-2, (err, cfg)
+def test_fp8_fast_accum_long_k():
+    # The op at K = 16384: fast accumulation's documented accuracy trade, bounded by cuBLAS's.
     a = (torch.randn(512, 16384, device="cuda") * 0.5).to(torch.float8_e4m3fn)
     b = (torch.randn(512, 16384, device="cuda") * 0.5).to(torch.float8_e4m3fn).t()
     one = torch.ones((), device="cuda")
