@@ -1,8 +1,8 @@
 """Time GEMM configurations side by side with cuBLAS (L2-cold inputs, interleaved rounds).
 
-    python benchmarks/experiment_gemm.py [--shapes MxNxK,...] [--configs TMxTNxWGxCM[xEPINxEPISTAGES[xSWIZZLE]][nCN][p|s][t],...] [--fp8 [--promote N]]
+    python benchmarks/experiment_gemm.py [--shapes MxNxK,...] [--configs TMxTNxWGxCM[xEPINxEPISTAGES[xSWIZZLE]][nCN][k][p|s][t],...] [--fp8 [--promote N]]
 
-``nCN`` sets the cluster's CTAs along N (default 1). A trailing ``p`` selects the ping-pong
+``nCN`` sets the cluster's CTAs along N (default 1); ``k`` the stream-K tail. A trailing ``p`` selects the ping-pong
 schedule (TM = 64: rows per warpgroup tile); a trailing ``s`` (fp8) the column-split promotion
 (``GemmConfig.fp8_split_n``); a last ``t`` runs the transposed problem (D^T = B^T A^T, the
 operands' roles and majors swapped, D written column-major).
@@ -22,9 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import bench_many, make_input_sets, tflops  # noqa: E402
 
 from cute_kernels.gemm.config import Epilogue, GemmConfig  # noqa: E402
-from cute_kernels.gemm.kernel_sm90 import GemmSm90  # noqa: E402
-from cute_kernels.gemm.op import _free_spec, _operand_spec  # noqa: E402
-from cute_kernels.runtime import ScalarSpec, StreamSpec, get_kernel  # noqa: E402
+from cute_kernels.gemm.op import compiled_gemm, kernel_specs  # noqa: E402
 from cute_kernels.runtime.arch import max_active_clusters  # noqa: E402
 
 
@@ -60,22 +58,21 @@ def main():
         for text in args.configs.split(","):
             swap = text.endswith("t")  # the transposed problem: D^T = B^T A^T
             pingpong, split = text.rstrip("t").endswith("p"), text.rstrip("t").endswith("s")
-            shape, _, cn = text.rstrip("pst").partition("n")
+            stream_k = "k" in text
+            shape, _, cn = text.rstrip("pst").rstrip("k").partition("n")
             tm, tn, wg, cm, *epi_opts = (int(v) for v in shape.split("x"))
             cn = int(cn or 1)
             epi_n, epi_stages, swizzle = (list(epi_opts) + [32, 4, 8][len(epi_opts):])
             epi = Epilogue(scalar_scale_a=True, scalar_scale_b=True) if args.fp8 else Epilogue()
             cfg = GemmConfig(tm, tn, cm, cn, swizzle, max_active_clusters(0, cm * cn), epilogue=epi, warpgroups=wg,
                              fp8_promote_every=args.promote if args.fp8 else 0, fp8_split_n=split, epi_n=epi_n, epi_stages=epi_stages,
-                             pingpong=pingpong)
+                             pingpong=pingpong, stream_k=stream_k)
 
             def operands(a, b, swap=swap):
                 return (b.transpose(1, 2), a.transpose(1, 2), d.transpose(1, 2)) if swap else (a, b, d)
 
-            specs = tuple(_operand_spec(t) for t in operands(a0, b0)) + (
-                None, None, _free_spec(sa), _free_spec(sb), ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
             try:
-                kernel = get_kernel(GemmSm90, cfg, specs)
+                kernel = compiled_gemm(cfg, kernel_specs(*operands(a0, b0), None, None, sa, sb, cfg))
             except Exception as exc:  # noqa: BLE001 (report and go on)
                 print(f"{m}x{n}x{k} {tm}x{tn} wg{wg} c{cm}x{cn}: {type(exc).__name__}: {str(exc)[:200]}")
                 continue

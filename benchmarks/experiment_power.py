@@ -19,9 +19,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cute_kernels.gemm.config import Epilogue, GemmConfig  # noqa: E402
-from cute_kernels.gemm.kernel_sm90 import GemmSm90  # noqa: E402
-from cute_kernels.gemm.op import _free_spec, _operand_spec  # noqa: E402
-from cute_kernels.runtime import ScalarSpec, StreamSpec, get_kernel  # noqa: E402
+from cute_kernels.gemm.op import compiled_gemm, kernel_specs  # noqa: E402
 from cute_kernels.runtime.arch import sm_count  # noqa: E402
 
 
@@ -78,9 +76,7 @@ def main():
             tm, tn = (int(v) for v in shape.split("x"))
             cm = int(cm or 1)
             cfg = GemmConfig(tm, tn, cm, cn, swizzle, sm_count(0) // (cm * cn), epilogue=epi, fp8_promote_every=1)
-        specs = (_operand_spec(a), _operand_spec(b), _operand_spec(d), None, None, _free_spec(sa),
-                 _free_spec(sb), ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
-        kernel = get_kernel(GemmSm90, cfg, specs)
+        kernel = compiled_gemm(cfg, kernel_specs(a, b, d, None, None, sa, sb, cfg))
         fns[f"ours-{text}n{cn}w{swizzle}"] = lambda kernel=kernel: kernel(a, b, d, None, None, sa, sb, 1.0, 0.0)
     s = one[0]
     fns["cublas-exact"] = lambda: torch._scaled_mm(a, b, s, s, out_dtype=torch.bfloat16)

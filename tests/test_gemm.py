@@ -96,9 +96,7 @@ def test_kernel_refuses_a_scale_given_both_ways():
 def test_pingpong_schedule(tile):
     # Both warpgroups' tiles, several per CTA, ragged edges, the full epilogue, a poisoned output.
     from cute_kernels.gemm.config import Epilogue, GemmConfig
-    from cute_kernels.gemm.kernel_sm90 import GemmSm90
-    from cute_kernels.gemm.op import _free_spec, _operand_spec
-    from cute_kernels.runtime import ScalarSpec, StreamSpec, get_kernel
+    from cute_kernels.gemm.op import compiled_gemm, kernel_specs
 
     tm, tn, cm = tile
     m, n, k = 1000, 2904, 328
@@ -109,11 +107,73 @@ def test_pingpong_schedule(tile):
     d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     cfg = GemmConfig(tm, tn, cm, max_clusters=16, pingpong=True,
                      epilogue=Epilogue(bias=True, residual=True, activation="gelu_tanh"))
-    specs = (_operand_spec(a), _operand_spec(b), _operand_spec(d), _free_spec(c), _free_spec(bias),
-             None, None, ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
-    get_kernel(GemmSm90, cfg, specs)(a, b, d, c, bias, None, None, 0.5, 0.25)
+    compiled_gemm(cfg, kernel_specs(a, b, d, c, bias, None, None, cfg))(a, b, d, c, bias, None, None, 0.5, 0.25)
     z = 0.5 * ref_mm(a, b) + 0.25 * c.double() + bias.double()
     check(d, a, b, extra=F.gelu(z, approximate="tanh"))
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["bf16", "bf16-cluster2", "bf16-one-warpgroup", "fp8-split", "fp8-128x192-cluster2"])
+@pytest.mark.parametrize("clusters", [7, 13])
+def test_stream_k_tail(kind, clusters):
+    # The last partial wave cut along K: 96 tiles of 128 x 256 (1000 x 2896, K = 1040: 17 k-tiles)
+    # on 7 or 13 clusters leave a tail whose tiles are split across 2-4 clusters. Ragged M, N and
+    # K, the full epilogue (bf16) or per-row / per-column scales (fp8), a poisoned output, two
+    # launches (new tokens) and a CUDA graph replayed twice on new inputs (the same token: the
+    # flags must have been cleared by the previous replay).
+    from cute_kernels.gemm.config import Epilogue, GemmConfig
+    from cute_kernels.gemm.op import compiled_gemm, kernel_specs
+
+    m, n, k = 1000, 2896, 1040
+    fp8 = kind.startswith("fp8")
+    tile = {"bf16": (128, 256, 1), "bf16-cluster2": (128, 256, 2), "bf16-one-warpgroup": (64, 128, 2),
+            "fp8-split": (128, 256, 1), "fp8-128x192-cluster2": (128, 192, 2)}[kind]
+    if fp8:
+        epi = Epilogue(row_scale=True, col_scale=True)
+        cfg = GemmConfig(*tile, max_clusters=clusters, epilogue=epi, fp8_promote_every=1,
+                         fp8_split_n=tile[1] == 256, stream_k=True)
+    else:
+        epi = Epilogue(bias=True, residual=True, activation="gelu_tanh")
+        cfg = GemmConfig(*tile, max_clusters=clusters, epilogue=epi, stream_k=True)
+
+    def inputs():
+        if fp8:
+            a = (torch.randn(m, k, device="cuda") * 0.5).to(torch.float8_e4m3fn)
+            b = (torch.randn(n, k, device="cuda") * 0.5).to(torch.float8_e4m3fn).t()
+            return a, b, None, None, torch.rand(m, device="cuda") + 0.5, torch.rand(n, device="cuda") + 0.5
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()  # column-major B
+        return (a, b, torch.randn(m, n, device="cuda"), torch.randn(n, device="cuda", dtype=torch.bfloat16),
+                None, None)
+
+    def expected(a, b, c, bias, sa, sb):
+        if fp8:
+            return (a.double() @ b.double()) * sa.double().reshape(-1, 1) * sb.double()
+        return F.gelu(0.5 * ref_mm(a, b) + 0.25 * c.double() + bias.double(), approximate="tanh")
+
+    def assert_close(d, ops):
+        ref = expected(*ops)
+        assert (d.double() - ref).abs().max().item() <= 1e-2 * ref.abs().max().item()
+
+    ops = inputs()
+    d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    launch = compiled_gemm(cfg, kernel_specs(ops[0], ops[1], d, *ops[2:], cfg))
+    for _ in range(2):
+        d.fill_(float("nan"))
+        launch(ops[0], ops[1], d, *ops[2:], 0.5 if not fp8 else 1.0, 0.25)
+        assert_close(d, ops)
+    static = inputs()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch(static[0], static[1], d, *static[2:], 0.5 if not fp8 else 1.0, 0.25)
+    for _ in range(2):
+        fresh = inputs()
+        for dst, src in zip(static, fresh):
+            if dst is not None:
+                dst.copy_(src)
+        d.fill_(float("nan"))
+        graph.replay()
+        assert_close(d, fresh)
 
 
 @gpu
@@ -123,23 +183,19 @@ def test_fp8_column_split_promotion(cluster_m):
     # poisoned output, several tiles per CTA; checked like the kernels next to it (128 x 128
     # folding every 4 k-tiles, so the last window is partial; 128 x 192 folding every k-tile).
     from cute_kernels.gemm.config import Epilogue, GemmConfig
-    from cute_kernels.gemm.kernel_sm90 import GemmSm90
-    from cute_kernels.gemm.op import _free_spec, _operand_spec
-    from cute_kernels.runtime import ScalarSpec, StreamSpec, get_kernel
+    from cute_kernels.gemm.op import compiled_gemm, kernel_specs
 
     m, n, k = 1000, 2896, 1040
     a = (torch.randn(m, k, device="cuda") * 0.5).to(torch.float8_e4m3fn)
     b = (torch.randn(n, k, device="cuda") * 0.5).to(torch.float8_e4m3fn).t()
     sa, sb = torch.rand(m, device="cuda") + 0.5, torch.rand(n, device="cuda") + 0.5
     epi = Epilogue(row_scale=True, col_scale=True)
-    specs = (_operand_spec(a), _operand_spec(b), _operand_spec(torch.empty(m, n, device="cuda", dtype=torch.bfloat16)),
-             None, None, _free_spec(sa), _free_spec(sb), ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
     outs = []
     for cfg in (GemmConfig(128, 256, cluster_m, max_clusters=16, epilogue=epi, fp8_promote_every=1, fp8_split_n=True),
                 GemmConfig(128, 128, 1, max_clusters=16, epilogue=epi, fp8_promote_every=4),
                 GemmConfig(128, 192, 2, max_clusters=8, epilogue=epi, fp8_promote_every=1)):
         d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
-        get_kernel(GemmSm90, cfg, specs)(a, b, d, None, None, sa, sb, 1.0, 0.0)
+        compiled_gemm(cfg, kernel_specs(a, b, d, None, None, sa, sb, cfg))(a, b, d, None, None, sa, sb, 1.0, 0.0)
         outs.append(d)
     ref = (a.double() @ b.double()) * sa.double().reshape(-1, 1) * sb.double()
     for d in outs:
@@ -154,18 +210,14 @@ def test_fp8_configurations(fast_accum):
     # accumulation: no fold, no ping-pong), clusters 1 and 2: ragged M, N and K, per-row /
     # per-column scales, a poisoned output, several tiles per CTA.
     from cute_kernels.gemm.config import Epilogue
-    from cute_kernels.gemm.kernel_sm90 import GemmSm90
-    from cute_kernels.gemm.op import _free_spec, _operand_spec
+    from cute_kernels.gemm.op import compiled_gemm, kernel_specs
     from cute_kernels.gemm.tuning import candidates
-    from cute_kernels.runtime import ScalarSpec, StreamSpec, get_kernel
 
     m, n, k = 1000, 2896, 1040
     a = (torch.randn(m, k, device="cuda") * 0.5).to(torch.float8_e4m3fn)
     b = (torch.randn(n, k, device="cuda") * 0.5).to(torch.float8_e4m3fn).t()
     sa, sb = torch.rand(m, device="cuda") + 0.5, torch.rand(n, device="cuda") + 0.5
     d = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    specs = (_operand_spec(a), _operand_spec(b), _operand_spec(d), None, None, _free_spec(sa),
-             _free_spec(sb), ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
     ref = (a.double() @ b.double()) * sa.double().reshape(-1, 1) * sb.double()
     base = choose_config(m, n, k, 1, 1, 132, Epilogue(row_scale=True, col_scale=True), fast_accum=fast_accum)
     found = [dataclasses.replace(c, max_clusters=max(1, 16 // c.cluster_m))
@@ -175,7 +227,7 @@ def test_fp8_configurations(fast_accum):
     assert all(c.fp8_promote_every == (0 if fast_accum else 1) for c in found)
     for cfg in found:
         d.fill_(float("nan"))
-        get_kernel(GemmSm90, cfg, specs)(a, b, d, None, None, sa, sb, 1.0, 0.0)
+        compiled_gemm(cfg, kernel_specs(a, b, d, None, None, sa, sb, cfg))(a, b, d, None, None, sa, sb, 1.0, 0.0)
         err = (d.double() - ref).abs().max().item() / ref.abs().max().item()
         assert err <= 1e-2, (err, cfg)
 

@@ -46,6 +46,9 @@ class GemmConfig:
     # Ping-pong: two MMA warpgroups take alternate tiles (tile_m = 64 rows each); one runs its
     # mainloop while the other runs its epilogue, so the tensor cores never wait for stores.
     pingpong: bool = False
+    # Stream-K tail: the tiles of a last, partial wave are shared out along K, one equal run of
+    # k-tiles per cluster, with partial sums through a workspace (kernel_sm90.py).
+    stream_k: bool = False
     epi_n: int = 32  # output columns per epilogue sub-tile (one TMA store each)
     epi_stages: int = 4  # shared-memory buffers of epilogue sub-tiles (stores in flight)
 

@@ -10,7 +10,11 @@ Design:
     other, so one warpgroup's epilogue runs under the other's mainloop.
   - Persistent: a static schedule (scheduler.py) walks the output tiles in groups of
     ``swizzle`` cluster columns for L2 reuse; the producer runs ahead into the next tile
-    while the MMA warpgroups run the epilogue of the current one.
+    while the MMA warpgroups run the epilogue of the current one. With ``stream_k`` the tiles
+    of a last, partial wave are cut along K into equal runs, one per cluster: a piece that does
+    not start the tile stores its fp32 partial sum in a workspace and raises its flag (the
+    launch's token); the piece that starts the tile waits for those flags, adds the partials
+    (and clears the flags) and runs the epilogue.
   - Clusters of ``cluster_m`` x ``cluster_n`` CTAs share operand tiles by TMA multicast.
   - Epilogue: accumulators -> ``alpha * acc (+ beta * C) (+ bias)`` -> activation -> output
     dtype, staged through shared memory (stmatrix) and written by TMA store in 64-row x
@@ -35,6 +39,10 @@ Constraints:
   - ping-pong: two MMA warpgroups, each holding a whole tile's accumulators (at most 192 fp32
     values per thread, two fp32 accumulators for fp8)
   - ``fp8_split_n``: fp8, cooperative schedule, tile N a multiple of 32
+  - ``stream_k``: cooperative schedule, a capped grid (``max_clusters``); ``work`` holds
+    ``tile_m * tile_n`` fp32 values per launched CTA, ``flags`` one int64 per launched CTA, and
+    ``token`` is nonzero and new for every launch whose flags were not cleared by a previous
+    one (flags left at 0 by a finished launch may be reused with any token)
 """
 
 from __future__ import annotations
@@ -49,7 +57,7 @@ from cutlass import Float32, Int32, const_expr
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from .config import GemmConfig
-from .scheduler import cluster_tile_counts, tile_coords
+from .scheduler import cluster_tile_counts, sk_run, tile_coords, work_item, work_items
 
 SMEM_CAPACITY = 232448
 PRODUCER_REGISTERS = 40
@@ -68,6 +76,8 @@ class GemmSm90:
     """See the module docstring. ``__init__`` takes only the compile-time configuration."""
 
     def __init__(self, config: GemmConfig):
+        if config.stream_k and (config.pingpong or config.max_clusters >= 1 << 30):
+            raise ValueError(f"stream_k needs the cooperative schedule and a capped grid: {config}")
         if config.fp8_split_n and (config.pingpong or config.fp8_promote_every < 1 or config.tile_n % 32):
             raise ValueError(f"fp8_split_n needs the cooperative schedule, fp8 promotion and tile N % 32 == 0: {config}")
         epi = config.epilogue
@@ -142,8 +152,8 @@ class GemmSm90:
         )
 
     @cute.jit
-    def __call__(self, mA, mB, mD, mC, mBias, mScaleA, mScaleB, alpha: Float32, beta: Float32,
-                 stream):
+    def __call__(self, mA, mB, mD, mC, mBias, mScaleA, mScaleB, mWork, mFlags, alpha: Float32,
+                 beta: Float32, token: cutlass.Int64, stream):
         cfg = self.config
         a = _to_blas_order(mA, (1, 2, 0))  # (M, K, L)
         b = _to_blas_order(mB, (2, 1, 0))  # (N, K, L)
@@ -171,7 +181,7 @@ class GemmSm90:
         self.storage = Storage
         self.kernel(
             tma_a, tma_tensor_a, tma_b, tma_tensor_b, tma_d, tma_tensor_d, c, mBias, mScaleA,
-            mScaleB, alpha, beta, self.tiled_mma, self.wg_mma, self.cta_layout_mnk, self.a_smem_staged,
+            mScaleB, mWork, mFlags, alpha, beta, token, self.tiled_mma, self.wg_mma, self.cta_layout_mnk, self.a_smem_staged,
             self.b_smem_staged, self.epi_smem_staged, schedule,
         ).launch(grid=grid, block=[self.threads, 1, 1], cluster=(*self.cluster_mn, 1),
                  min_blocks_per_mp=1, stream=stream)
@@ -179,8 +189,8 @@ class GemmSm90:
     # ------------------------------------------------------------------ device side
 
     @cute.kernel
-    def kernel(self, tma_a, mA, tma_b, mB, tma_d, mD, mC, mBias, mScaleA, mScaleB,
-               alpha: Float32, beta: Float32, tiled_mma: cute.TiledMma, wg_mma: cute.TiledMma,
+    def kernel(self, tma_a, mA, tma_b, mB, tma_d, mD, mC, mBias, mScaleA, mScaleB, mWork, mFlags,
+               alpha: Float32, beta: Float32, token: cutlass.Int64, tiled_mma: cute.TiledMma, wg_mma: cute.TiledMma,
                cta_layout_mnk: cute.Layout,
                a_smem_staged: cute.ComposedLayout, b_smem_staged: cute.ComposedLayout,
                epi_smem_staged: cute.ComposedLayout, schedule):
@@ -226,8 +236,8 @@ class GemmSm90:
         else:
             cute.arch.setmaxregister_increase(MMA_REGISTERS)
             self.mma_and_epilogue(tiled_mma, wg_mma, sA, sB, sD, gD, mD, tma_d, mC, mBias, mScaleA,
-                                  mScaleB, alpha, beta, mainloop, k_tiles, schedule, cluster_coord,
-                                  tidx - 128, warp)
+                                  mScaleB, mWork, mFlags, alpha, beta, token, mainloop, k_tiles,
+                                  schedule, cluster_coord, rank, tidx - 128, warp)
 
     @cute.jit
     def load(self, tma_a, tma_b, sA, sB, gA, gB, mainloop, cta_layout_mnk, cluster_coord, k_tiles,
@@ -245,29 +255,29 @@ class GemmSm90:
         )
         cm_tiles, cn_tiles, total = schedule
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stages)
-        t = cute.arch.block_idx()[2]
-        while t < total:
+        cluster, clusters = cute.arch.block_idx()[2], cute.arch.grid_dim()[2]
+        stream_k = const_expr(self.config.stream_k)
+        for item in range(work_items(cluster, clusters, total, stream_k)):
+            t, k_first, k_end = work_item(item, cluster, clusters, total, k_tiles, stream_k)
             m, n, l = tile_coords(t, cm_tiles, cn_tiles, self.config.swizzle, self.cluster_mn,
                                   cluster_coord[0], cluster_coord[1])
             tAgA_tile = tAgA[(None, m, None, l)]
             tBgB_tile = tBgB[(None, n, None, l)]
-            state.reset_count()
-            for _ in range(k_tiles):
+            for k in range(k_first, k_end):
                 mainloop.producer_acquire(state)
                 barrier = mainloop.producer_get_barrier(state)
-                cute.copy(tma_a, tAgA_tile[(None, state.count)], tAsA[(None, state.index)],
+                cute.copy(tma_a, tAgA_tile[(None, k)], tAsA[(None, state.index)],
                           tma_bar_ptr=barrier, mcast_mask=a_mask)
-                cute.copy(tma_b, tBgB_tile[(None, state.count)], tBsB[(None, state.index)],
+                cute.copy(tma_b, tBgB_tile[(None, k)], tBsB[(None, state.index)],
                           tma_bar_ptr=barrier, mcast_mask=b_mask)
                 mainloop.producer_commit(state)
                 state.advance()
-            t += cute.arch.grid_dim()[2]
         mainloop.producer_tail(state)
 
     @cute.jit
     def mma_and_epilogue(self, tiled_mma, wg_mma, sA, sB, sD, gD, mD, tma_d, mC, mBias, mScaleA, mScaleB,
-                         alpha: Float32, beta: Float32, mainloop, k_tiles, schedule, cluster_coord,
-                         tidx, warp):
+                         mWork, mFlags, alpha: Float32, beta: Float32, token, mainloop, k_tiles,
+                         schedule, cluster_coord, rank, tidx, warp):
         """MMA warpgroups: wgmma over the k-tiles, then the epilogue, tile after tile.
 
         Cooperative: every MMA warpgroup works on every tile (64 rows each). Ping-pong:
@@ -333,15 +343,18 @@ class GemmSm90:
         read = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
         release = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.ab_stages)
         tiles_done = Int32(0)
-        t = cute.arch.block_idx()[2]
-        step = cute.arch.grid_dim()[2]
+        cluster, clusters = cute.arch.block_idx()[2], cute.arch.grid_dim()[2]
+        stream_k = const_expr(self.config.stream_k)
+        items = work_items(cluster, clusters, total, stream_k)
+        first_item, item_step = 0, 1
         if const_expr(self.pingpong):
+            first_item, item_step = wg, 2
             if wg == 1:  # the CTA's first tile belongs to warpgroup 0
-                t += step
                 for _ in range(k_tiles):
                     read.advance()
                     release.advance()
-        while t < total:
+        for item in range(first_item, items, item_step):
+            t, k_first, k_end = work_item(item, cluster, clusters, total, k_tiles, stream_k)
             m, n, l = tile_coords(t, cm_tiles, cn_tiles, cfg.swizzle, self.cluster_mn,
                                   cluster_coord[0], cluster_coord[1])
             if const_expr(self.pingpong):
@@ -351,15 +364,13 @@ class GemmSm90:
                         cute.arch.barrier(barrier_id=4, number_of_threads=256)
                 else:
                     cute.arch.barrier(barrier_id=3, number_of_threads=256)
-            read.reset_count()
-            release.reset_count()
             acc.fill(0.0)
             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
             cute.nvgpu.warpgroup.fence()
             if const_expr(split):
                 # Per k-tile and column half: the MMAs into the half's tensor-core accumulator
                 # (the first overwrites it), a wait for them, a fold into the fp32 accumulator.
-                for k in range(k_tiles):
+                for k in range(k_first, k_end):
                     mainloop.consumer_wait(read)
                     for h in cutlass.range_constexpr(2):
                         for kb in cutlass.range_constexpr(k_blocks):
@@ -380,8 +391,8 @@ class GemmSm90:
                 # once the batch after it has been issued. fp8 folds the MMA accumulator into the
                 # fp32 one after every window of ``promote`` k-tiles (one window without fp8).
                 window = promote if const_expr(promote > 0) else k_tiles
-                for k0 in range(0, k_tiles, window):
-                    for k in range(k0, cutlass.min(k0 + window, k_tiles)):
+                for k0 in range(k_first, k_end, window):
+                    for k in range(k0, cutlass.min(k0 + window, k_end)):
                         mainloop.consumer_wait(read)
                         for kb in cutlass.range_constexpr(k_blocks):
                             if const_expr(promote > 0):  # the window's first MMA overwrites
@@ -390,7 +401,7 @@ class GemmSm90:
                                       tCrB[(None, None, kb, read.index)], mma_acc)
                         cute.nvgpu.warpgroup.commit_group()
                         cute.nvgpu.warpgroup.wait_group(1)
-                        if k > 0:
+                        if k > k_first:
                             mainloop.consumer_release(release)
                             release.advance()
                         read.advance()
@@ -399,25 +410,79 @@ class GemmSm90:
                         acc.store(acc.load() + mma_acc.load())
                         cute.nvgpu.warpgroup.fence()
                 cute.nvgpu.warpgroup.wait_group(0)
-                if k_tiles > 0:
+                if k_end > k_first:
                     mainloop.consumer_release(release)
                     release.advance()
             if const_expr(self.pingpong):
-                if t + step < total:  # the other warpgroup has a next tile: its turn
+                if item + 1 < items:  # the other warpgroup has a next tile: its turn
                     cute.arch.barrier_arrive(barrier_id=3 + wg, number_of_threads=256)
-            self.epilogue(acc, tRS_acc, tRS_coords, tRS_rD, tRS_rOut, tRS_sD, sD, gD, mD, tma_d,
-                          tiled_store, store_pipe, mC, mBias, mScaleA, mScaleB, alpha, beta,
-                          m, n, l, per_subtile, tiles_done, warp, store_warp, epi_barrier,
-                          buffer_base, row_block)
-            tiles_done += 1
+            if const_expr(stream_k):
+                if k_end > k_first:
+                    if k_first > 0:  # not the tile's start: hand the partial sum to its owner
+                        self.store_partial(acc, mWork, mFlags, token, cluster, rank, tidx)
+                    else:
+                        self.add_partials(acc, mWork, mFlags, token, cluster, clusters, rank, tidx,
+                                          total - total % clusters, t, k_tiles,
+                                          (total % clusters) * k_tiles)
+                        self.epilogue(acc, tRS_acc, tRS_coords, tRS_rD, tRS_rOut, tRS_sD, sD, gD, mD,
+                                      tma_d, tiled_store, store_pipe, mC, mBias, mScaleA, mScaleB,
+                                      alpha, beta, m, n, l, per_subtile, tiles_done, warp, store_warp,
+                                      epi_barrier, buffer_base, row_block)
+                        tiles_done += 1
+            else:
+                self.epilogue(acc, tRS_acc, tRS_coords, tRS_rD, tRS_rOut, tRS_sD, sD, gD, mD, tma_d,
+                              tiled_store, store_pipe, mC, mBias, mScaleA, mScaleB, alpha, beta,
+                              m, n, l, per_subtile, tiles_done, warp, store_warp, epi_barrier,
+                              buffer_base, row_block)
+                tiles_done += 1
             if const_expr(self.pingpong):
                 for _ in range(k_tiles):  # the other warpgroup's tile
                     read.advance()
                     release.advance()
-                t += 2 * step
-            else:
-                t += step
         store_pipe.producer_tail()
+
+    @cute.jit
+    def store_partial(self, acc, mWork, mFlags, token, cluster, rank, tidx):
+        """Stream-K: this CTA's fp32 partial sum into its workspace slot (value-major, so a warp
+        writes 128 contiguous bytes per value), then its flag set to ``token`` (release)."""
+        threads = 128 * self.num_mma_wg
+        size = cute.size(acc)
+        slot = cluster * (self.config.cluster_m * self.config.cluster_n) + rank
+        base = slot * (threads * size)
+        for v in cutlass.range_constexpr(size):
+            mWork[base + v * threads + tidx] = acc[v]
+        cute.arch.fence_acq_rel_gpu()
+        cute.arch.barrier(barrier_id=5, number_of_threads=threads)
+        if tidx == 0:
+            cute.arch.store(mFlags.iterator + slot, token, sem="release", scope="gpu")
+
+    @cute.jit
+    def add_partials(self, acc, mWork, mFlags, token, cluster, clusters, rank, tidx, whole,
+                     t, k_tiles, units):
+        """Stream-K, the owner of tail tile ``t``: for each later cluster whose run starts inside
+        the tile, wait for its flag and clear it (compare-and-swap token -> 0, acquire), then add
+        its partial sum to ``acc``."""
+        threads = 128 * self.num_mma_wg
+        size = cute.size(acc)
+        tile_end = (t - whole + 1) * k_tiles
+        other = cluster + 1
+        first, end = sk_run(other, clusters, units)
+        while first < tile_end:  # the runs of later clusters that start inside the tile
+            if end > first:
+                slot = other * (self.config.cluster_m * self.config.cluster_n) + rank
+                if tidx == 0:  # swap the token for 0 once it is there (acquire)
+                    seen = cute.arch.atomic_cas(mFlags.iterator + slot, cmp=token, val=cutlass.Int64(0),
+                                                sem="acquire", scope="gpu")
+                    while seen != token:
+                        seen = cute.arch.atomic_cas(mFlags.iterator + slot, cmp=token, val=cutlass.Int64(0),
+                                                    sem="acquire", scope="gpu")
+                cute.arch.barrier(barrier_id=5, number_of_threads=threads)
+                cute.arch.fence_acq_rel_gpu()
+                base = slot * (threads * size)
+                for v in cutlass.range_constexpr(size):
+                    acc[v] = acc[v] + mWork[base + v * threads + tidx]
+            other += 1
+            first, end = sk_run(other, clusters, units)
 
     @cute.jit
     def epilogue(self, acc, tRS_acc, tRS_coords, tRS_rD, tRS_rOut, tRS_sD, sD, gD, mD, tma_d,

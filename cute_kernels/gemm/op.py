@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import secrets
+
 import torch
 
 from ..runtime import (
@@ -77,6 +80,40 @@ def _free_spec(t) -> TensorSpec | None:
                       tuple(Sym() for _ in t.shape), t.element_size())
 
 
+def kernel_specs(a, b, d, c, bias, scale_a, scale_b, config: GemmConfig) -> tuple:
+    """The kernel's argument specs for these operands (``None`` for the optional ones left out;
+    the stream-K workspace and flags only where ``config.stream_k``)."""
+    work = TensorSpec("float32", (Sym(),), (1,), 16) if config.stream_k else None
+    flags = TensorSpec("int64", (Sym(),), (1,), 8) if config.stream_k else None
+    return (_operand_spec(a), _operand_spec(b), _operand_spec(d), _free_spec(c), _free_spec(bias),
+            _free_spec(scale_a), _free_spec(scale_b), work, flags, ScalarSpec("float32"),
+            ScalarSpec("float32"), ScalarSpec("int64"), StreamSpec())
+
+
+# Stream-K flag values: one per launch, never 0 (a cleared flag), starting at a random point so
+# that leftover memory matches a launch's token with probability ~2^-62.
+_tokens = itertools.count(secrets.randbits(62) | 1)
+
+
+def compiled_gemm(config: GemmConfig, specs: tuple):
+    """``launch(a, b, d, c, bias, scale_a, scale_b, alpha, beta)`` for one configuration and
+    argument signature (``kernel_specs``). Stream-K configurations get a fresh workspace from
+    torch's caching allocator at every launch (``tile_m * tile_n`` fp32 values and one int64
+    flag per CTA of the grid) and a new token."""
+    kernel = get_kernel(GemmSm90, config, specs)
+    if not config.stream_k:
+        def launch(a, b, d, c, bias, scale_a, scale_b, alpha, beta):
+            kernel(a, b, d, c, bias, scale_a, scale_b, None, None, alpha, beta, 0)
+        return launch
+    ctas = config.cluster_m * config.cluster_n * config.max_clusters
+
+    def launch_stream_k(a, b, d, c, bias, scale_a, scale_b, alpha, beta):
+        work = torch.empty(ctas * config.tile_m * config.tile_n, dtype=torch.float32, device=d.device)
+        flags = torch.empty(ctas, dtype=torch.int64, device=d.device)
+        kernel(a, b, d, c, bias, scale_a, scale_b, work, flags, alpha, beta, next(_tokens))
+    return launch_stream_k
+
+
 def _padded_row_major(t: torch.Tensor, cols_multiple: int) -> torch.Tensor:
     """A zero-padded row-major copy whose row length is a multiple of ``cols_multiple``."""
     cols = t.shape[-1]
@@ -124,16 +161,13 @@ def _kernel_for(a, b, d, c, bias, scale_a, scale_b, activation, tuned=False, fas
                             scalar_scale_b=_scale_kind(scale_b) == "tensor")
         sms = sm_count(a.device.index or 0)
         config = choose_config(m, n, k, batch, a.element_size(), sms, epilogue, fast_accum)
-        specs = (_operand_spec(a), _operand_spec(b), _operand_spec(d), _free_spec(c),
-                 _free_spec(bias), _free_spec(scale_a), _free_spec(scale_b),
-                 ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
         if tuned:
             scratch = torch.empty_like(d)  # timed launches never touch the caller's output
             config = tuned_config(
                 repr((target_arch(), key[:-1])), config, m, sms, a.element_size() == 1,
-                lambda cfg: get_kernel(GemmSm90, cfg, specs),
+                lambda cfg: compiled_gemm(cfg, kernel_specs(a, b, d, c, bias, scale_a, scale_b, cfg)),
                 lambda fn: fn(a, b, scratch, c, bias, scale_a, scale_b, 1.0, 0.0))
-        fn = _kernels[key] = get_kernel(GemmSm90, config, specs)
+        fn = _kernels[key] = compiled_gemm(config, kernel_specs(a, b, d, c, bias, scale_a, scale_b, config))
     return fn
 
 
@@ -186,9 +220,7 @@ def gemm_with_config(a, b, out, bias, config: GemmConfig) -> None:
     key = ("fixed", config, a.dtype, out.dtype, _major(a), _major(b), None if bias is None else bias.dtype)
     fn = _kernels.get(key)
     if fn is None:
-        specs = (_operand_spec(a), _operand_spec(b), _operand_spec(out), None, _free_spec(bias),
-                 None, None, ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
-        fn = _kernels[key] = get_kernel(GemmSm90, config, specs)
+        fn = _kernels[key] = compiled_gemm(config, kernel_specs(a, b, out, None, bias, None, None, config))
     fn(a, b, out, None, bias, None, None, 1.0, 0.0)
 
 
@@ -396,45 +428,69 @@ def compile_configurations(quick: bool = False):
     out = operand("bfloat16", "row")
     free = lambda dims: TensorSpec("bfloat16", (Sym(),) * dims, (Sym(),) * dims, 2)  # noqa: E731
     f32 = TensorSpec("float32", (Sym(),), (Sym(),), 4)
-    scalars = (ScalarSpec("float32"), ScalarSpec("float32"), StreamSpec())
+    scalars = (ScalarSpec("float32"), ScalarSpec("float32"), ScalarSpec("int64"), StreamSpec())
+    sk_work = (TensorSpec("float32", (Sym(),), (1,), 16), TensorSpec("int64", (Sym(),), (1,), 8))
+
+    def specs(cfg, operands):  # (a, b, d, c, bias, scale_a, scale_b) + the stream-K workspace
+        return operands + (sk_work if cfg.stream_k else (None, None)) + scalars
+
     tiles = [(128, 256, 1), (128, 256, 2), (128, 128, 1), (128, 128, 2), (64, 128, 1), (64, 128, 2)]
     found = []
     for tm, tn, cm in tiles[:2] if quick else tiles:
         for a_major, b_major in (("row", "row"),) if quick else (("row", "row"), ("col", "row"), ("row", "col"), ("col", "col")):
             cfg = GemmConfig(tm, tn, cm, max_clusters=132 // cm)
-            found.append((GemmSm90, cfg, (bf16(a_major), bf16(b_major), out, None, None, None, None) + scalars))
+            found.append((GemmSm90, cfg, specs(cfg, (bf16(a_major), bf16(b_major), out, None, None, None, None))))
     for epi in (Epilogue(bias=True, activation="gelu_tanh"), Epilogue(residual=True, activation="relu"),
                 Epilogue(bias=True, residual=True, activation="silu")):
         cfg = GemmConfig(128, 256, max_clusters=132, epilogue=epi)
-        found.append((GemmSm90, cfg, (bf16("row"), bf16("row"), out, free(2) if epi.residual else None,
-                                      free(1) if epi.bias else None, None, None) + scalars))
+        found.append((GemmSm90, cfg, specs(cfg, (bf16("row"), bf16("row"), out, free(2) if epi.residual else None,
+                                                free(1) if epi.bias else None, None, None))))
     for tm, tn, cm in ((128, 128, 1), (128, 128, 2), (64, 128, 1), (64, 128, 2), (128, 256, 1), (128, 256, 2),
                        (128, 192, 1), (128, 192, 2)):
         cfg = GemmConfig(tm, tn, cm, max_clusters=132 // cm, epilogue=Epilogue(row_scale=True, col_scale=True),
                          fp8_promote_every=1, fp8_split_n=tn == 256)
-        found.append((GemmSm90, cfg, (fp8_row, fp8_col, out, None, None, f32, f32) + scalars))
+        found.append((GemmSm90, cfg, specs(cfg, (fp8_row, fp8_col, out, None, None, f32, f32))))
     # fp8 without promotion (fast_accum): the heuristic's tiles and the others tuned=True times.
     for tm, tn, cm in ((128, 256, 1), (128, 256, 2), (128, 128, 1), (128, 128, 2), (64, 128, 1), (64, 128, 2)):
         cfg = GemmConfig(tm, tn, cm, max_clusters=132 // cm, epilogue=Epilogue(row_scale=True, col_scale=True))
-        found.append((GemmSm90, cfg, (fp8_row, fp8_col, out, None, None, f32, f32) + scalars))
+        found.append((GemmSm90, cfg, specs(cfg, (fp8_row, fp8_col, out, None, None, f32, f32))))
     # Per-tensor scales (folded into alpha), alone and next to a per-row scale, on 128 x 256 with
     # and without promotion (the epilogue is the same for every tile shape).
     for epi in (Epilogue(scalar_scale_a=True, scalar_scale_b=True), Epilogue(row_scale=True, scalar_scale_b=True)):
         for promote in (1, 0):
             cfg = GemmConfig(128, 256, max_clusters=132, epilogue=epi, fp8_promote_every=promote,
                              fp8_split_n=promote == 1)
-            found.append((GemmSm90, cfg, (fp8_row, fp8_col, out, None, None, f32, f32) + scalars))
+            found.append((GemmSm90, cfg, specs(cfg, (fp8_row, fp8_col, out, None, None, f32, f32))))
     # Ping-pong configurations that tuned=True may pick (bf16 and fp8).
     for cm in (1, 2):
-        found.append((GemmSm90, GemmConfig(128, 192, cm, max_clusters=132 // cm, pingpong=True),
-                      (bf16("row"), bf16("row"), out, None, None, None, None) + scalars))
+        cfg = GemmConfig(128, 192, cm, max_clusters=132 // cm, pingpong=True)
+        found.append((GemmSm90, cfg, specs(cfg, (bf16("row"), bf16("row"), out, None, None, None, None))))
         cfg = GemmConfig(128, 96, cm, max_clusters=132 // cm, pingpong=True, fp8_promote_every=1,
                          epilogue=Epilogue(row_scale=True, col_scale=True))
-        found.append((GemmSm90, cfg, (fp8_row, fp8_col, out, None, None, f32, f32) + scalars))
+        found.append((GemmSm90, cfg, specs(cfg, (fp8_row, fp8_col, out, None, None, f32, f32))))
     # Batched (L, M, K) operands, and one cluster per tile (the grid when max_clusters is not capped).
     batched = (operand("bfloat16", "row", 3), operand("bfloat16", "col", 3), operand("bfloat16", "row", 3))
-    found.append((GemmSm90, GemmConfig(128, 256, 2, max_clusters=66), batched + (None, None, None, None) + scalars))
-    found.append((GemmSm90, GemmConfig(128, 256), (bf16("row"), bf16("row"), out, None, None, None, None) + scalars))
+    cfg = GemmConfig(128, 256, 2, max_clusters=66)
+    found.append((GemmSm90, cfg, specs(cfg, batched + (None, None, None, None))))
+    cfg = GemmConfig(128, 256)
+    found.append((GemmSm90, cfg, specs(cfg, (bf16("row"), bf16("row"), out, None, None, None, None))))
+    # Stream-K tails: bf16 (cluster 2, batched, an epilogue with operands), fp8 exact (the
+    # column split and 128 x 192 with a cluster), fp8 fast accumulation, and one MMA warpgroup.
+    for cfg, operands in (
+            (GemmConfig(128, 256, 2, max_clusters=66, stream_k=True), batched + (None, None, None, None)),
+            (GemmConfig(128, 256, 1, max_clusters=132, stream_k=True,
+                        epilogue=Epilogue(bias=True, residual=True, activation="silu")),
+             (bf16("row"), bf16("col"), out, free(2), free(1), None, None)),
+            (GemmConfig(128, 256, 1, max_clusters=132, stream_k=True, fp8_promote_every=1, fp8_split_n=True,
+                        epilogue=Epilogue(row_scale=True, col_scale=True)),
+             (fp8_row, fp8_col, out, None, None, f32, f32)),
+            (GemmConfig(128, 192, 2, max_clusters=66, stream_k=True, fp8_promote_every=1,
+                        epilogue=Epilogue(scalar_scale_a=True, scalar_scale_b=True)),
+             (fp8_row, fp8_col, out, None, None, f32, f32)),
+            (GemmConfig(128, 256, 1, max_clusters=132, stream_k=True, epilogue=Epilogue(scalar_scale_a=True, scalar_scale_b=True)),
+             (fp8_row, fp8_col, out, None, None, f32, f32)),
+            (GemmConfig(64, 128, 2, max_clusters=66, stream_k=True), (bf16("row"), bf16("row"), out, None, None, None, None))):
+        found.append((GemmSm90, cfg, specs(cfg, operands)))
     return found
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32
+from cutlass import Int32, const_expr
 
 
 def cluster_tile_counts(m, n, batch, tile_mn, cluster_mn):
@@ -38,3 +38,54 @@ def tile_coords(t: Int32, cm_tiles: Int32, cn_tiles: Int32, group: cutlass.Const
     mc = within // width
     nc = first_n + within - mc * width
     return mc * cluster_mn[0] + rank_m, nc * cluster_mn[1] + rank_n, l
+
+
+# Stream-K tail: when the cluster tiles do not fill the last wave, the ``total % clusters`` tiles
+# of that wave are cut along K into one equal run of k-tiles per cluster, so every cluster ends
+# at the same time. A cluster's run covers the end of one tile and / or the start of the next (a
+# run is shorter than a tile): it works on the end piece first and stores its partial sum in the
+# workspace, then on the start piece, whose owner waits for the later pieces' partials, adds
+# them and runs the epilogue. Those pieces come first in their clusters' runs, so the wait is short.
+
+
+@cute.jit
+def sk_run(cluster: Int32, clusters: Int32, units: Int32):
+    """(first unit, end unit) of ``cluster``'s share of ``units`` k-tiles (equal to within one)."""
+    base = units // clusters
+    rem = units - base * clusters
+    first = cluster * base + cutlass.min(cluster, rem)
+    end = first + base
+    if cluster < rem:
+        end = end + 1
+    return first, end
+
+
+@cute.jit
+def work_item(i: Int32, cluster: Int32, clusters: Int32, total: Int32, k_tiles: Int32,
+              stream_k: cutlass.Constexpr):
+    """(cluster tile, first k-tile, end k-tile) of work item ``i`` of ``cluster``: its whole
+    tiles ``cluster, cluster + clusters, ...``, then with ``stream_k`` the two pieces of its
+    tail run (an empty piece has end <= first)."""
+    t, k_first, k_end = cluster + i * clusters, Int32(0), k_tiles
+    if const_expr(stream_k):
+        whole = total - total % clusters
+        n_whole = whole // clusters
+        if i >= n_whole:
+            first, end = sk_run(cluster, clusters, (total - whole) * k_tiles)
+            j = first // k_tiles
+            if i == n_whole:
+                t = whole + j
+                k_first = first - j * k_tiles
+                k_end = cutlass.min(k_tiles, end - j * k_tiles)
+            else:
+                t = whole + j + 1
+                k_first = Int32(0)
+                k_end = end - (j + 1) * k_tiles
+    return t, k_first, k_end
+
+
+def work_items(cluster, clusters, total, stream_k: bool):
+    """Number of work items of ``cluster`` (host or device integers)."""
+    if stream_k:
+        return (total - total % clusters) // clusters + 2
+    return (total - cluster + clusters - 1) // clusters
