@@ -61,6 +61,12 @@ def test_heuristic_fills_the_machine():
     assert choose_config(4096, 4096, 4096, 1, 2, 132, fast_accum=True) == choose_config(4096, 4096, 4096, 1, 2, 132)
     assert choose_config(8192, 8192, 1024, 1, 2, 132).pingpong  # short K: epilogue hidden
     assert not choose_config(4096, 4096, 4096, 1, 2, 132).pingpong
+    # Stream-K tail: bf16 with a last wave at most 40% full and K >= 2048 only.
+    assert choose_config(4096, 4352, 4096, 1, 2, 132).stream_k  # 272 cluster tiles: 8 in the last wave
+    assert not choose_config(4096, 4096, 4096, 1, 2, 132).stream_k  # 256: 58 of 66
+    assert not choose_config(4096, 4352, 1024, 1, 2, 132).stream_k  # short K
+    assert not choose_config(4096, 4352, 4096, 1, 1, 132).stream_k  # fp8
+    assert not choose_config(1024, 1024, 4096, 1, 2, 132).stream_k  # one partial wave
 
 
 def test_tuning_candidates():
@@ -174,6 +180,25 @@ def test_stream_k_tail(kind, clusters):
         d.fill_(float("nan"))
         graph.replay()
         assert_close(d, fresh)
+
+
+@gpu
+def test_stream_k_through_the_op():
+    # The heuristic's stream-K choice (a last wave 12% full), through ck.gemm and autograd (dB
+    # = A^T dC: 2048 x 4352 x 4096, also a stream-K tail), twice (a new token per launch),
+    # against float64.
+    m, n, k = 4096, 4352, 2048
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    assert choose_config(m, n, k, 1, 2, torch.cuda.get_device_properties(0).multi_processor_count).stream_k
+    for _ in range(2):
+        out = ck.gemm(a, b)
+        check(out, a.detach(), b.detach())
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    assert choose_config(k, n, m, 1, 2, 132).stream_k
+    check(a.grad, grad, b.detach().t())
+    check(b.grad, a.detach().t(), grad)
 
 
 @gpu

@@ -46,6 +46,7 @@ def candidates(base: GemmConfig, m: int, sms: int, fp8: bool = False) -> list[Ge
         for cluster_m in (1, 2):
             cfg = dataclasses.replace(base, tile_m=tile_m, tile_n=tile_n, cluster_m=cluster_m,
                                       max_clusters=max(1, sms // cluster_m), pingpong=pingpong,
+                                      stream_k=base.stream_k and not pingpong,
                                       fp8_split_n=split,
                                       fp8_promote_every=int(promote))
             if cfg not in found:
