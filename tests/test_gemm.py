@@ -61,8 +61,9 @@ def test_heuristic_fills_the_machine():
     assert choose_config(4096, 4096, 4096, 1, 2, 132, fast_accum=True) == choose_config(4096, 4096, 4096, 1, 2, 132)
     assert choose_config(8192, 8192, 1024, 1, 2, 132).pingpong  # short K: epilogue hidden
     assert not choose_config(4096, 4096, 4096, 1, 2, 132).pingpong
-    # Stream-K tail: bf16 with a last wave at most 40% full and K >= 2048 only.
+    # Stream-K tail: bf16 with a last wave at most 75% full and K >= 2048 only.
     assert choose_config(4096, 4352, 4096, 1, 2, 132).stream_k  # 272 cluster tiles: 8 in the last wave
+    assert choose_config(8192, 8192, 8192, 1, 2, 132).stream_k  # 1024: 34 of 66
     assert not choose_config(4096, 4096, 4096, 1, 2, 132).stream_k  # 256: 58 of 66
     assert not choose_config(4096, 4352, 1024, 1, 2, 132).stream_k  # short K
     assert not choose_config(4096, 4352, 4096, 1, 1, 132).stream_k  # fp8

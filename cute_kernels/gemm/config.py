@@ -123,17 +123,17 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
     one_cta = itemsize == 1 and tile_n == 256
     cluster_m = 2 if enough and not one_cta and -(-m // tile_m) % 2 == 0 else 1
     promote = 1 if exact_fp8 else 0
-    # Stream-K tail for 16-bit inputs when the last wave is at most 40% full and K is long: its
-    # tiles are shared out along K instead of leaving most clusters idle (measured, 128 x 256
-    # cluster 2: 625 vs 582 TFLOP/s at 4096 x 4352 x 4096, 12% full; 700 vs 657 at
-    # 8192 x 4352 x 8192, 24%). Fuller tails lose (0.87-0.98x at 3.88 waves): the pieces of a
-    # tile run at staggered K offsets, so the tail reads its operands from DRAM with less L2
-    # reuse. fp8 stays data-parallel (its stream-K build runs the whole tiles 4% slower).
+    # Stream-K tail for 16-bit inputs when the last wave is at most 75% full and K is long: its
+    # tiles are shared out along K instead of leaving clusters idle (measured, 128 x 256
+    # cluster 2, stream-K vs not: 1.12x at 4096 x 4352 x 4096 (last wave 12% full), 1.07x at
+    # 8192 x 4352 x 8192 (24%), 1.02x at 8192^3 (52%), 1.01x at 6144^3 (73%); 0.97-1.00x at
+    # 3.88 waves (88%), where the fixed cost of the partial sums outweighs the idle time saved).
+    # fp8 stays data-parallel (its stream-K build runs the whole tiles 4% slower).
     clusters = max(1, sm_count // cluster_m)
     cluster_tiles = -(-m // (tile_m * cluster_m)) * -(-n // tile_n) * batch
     tail = cluster_tiles % clusters
     stream_k = (itemsize == 2 and not pingpong and cluster_tiles > clusters
-                and 0 < tail <= 0.4 * clusters and k >= 2048)
+                and 0 < tail <= 0.75 * clusters and k >= 2048)
     return GemmConfig(tile_m, tile_n, cluster_m, 1, 8, clusters,
                       epilogue=epilogue, fp8_promote_every=promote, fp8_split_n=split,
                       pingpong=pingpong, stream_k=stream_k)

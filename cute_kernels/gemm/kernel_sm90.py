@@ -11,10 +11,10 @@ Design:
   - Persistent: a static schedule (scheduler.py) walks the output tiles in groups of
     ``swizzle`` cluster columns for L2 reuse; the producer runs ahead into the next tile
     while the MMA warpgroups run the epilogue of the current one. With ``stream_k`` the tiles
-    of a last, partial wave are cut along K into equal runs, one per cluster: a piece that does
-    not start the tile stores its fp32 partial sum in a workspace and raises its flag (the
-    launch's token); the piece that starts the tile waits for those flags, adds the partials
-    (and clears the flags) and runs the epilogue.
+    of a last, partial wave are cut along K into equal runs, one per cluster (scheduler.py): a
+    piece that does not end its tile stores its fp32 partial sum in a workspace and raises its
+    flag (the launch's token); the piece that ends the tile waits for those flags, adds the
+    partials (and clears the flags) and runs the epilogue.
   - Clusters of ``cluster_m`` x ``cluster_n`` CTAs share operand tiles by TMA multicast.
   - Epilogue: accumulators -> ``alpha * acc (+ beta * C) (+ bias)`` -> activation -> output
     dtype, staged through shared memory (stmatrix) and written by TMA store in 64-row x
@@ -418,12 +418,13 @@ class GemmSm90:
                     cute.arch.barrier_arrive(barrier_id=3 + wg, number_of_threads=256)
             if const_expr(stream_k):
                 if k_end > k_first:
-                    if k_first > 0:  # not the tile's start: hand the partial sum to its owner
+                    if k_end < k_tiles:  # not the tile's end: hand the partial sum to its owner
                         self.store_partial(acc, mWork, mFlags, token, cluster, rank, tidx)
                     else:
-                        self.add_partials(acc, mWork, mFlags, token, cluster, clusters, rank, tidx,
-                                          total - total % clusters, t, k_tiles,
-                                          (total % clusters) * k_tiles)
+                        if k_first > 0:
+                            self.add_partials(acc, mWork, mFlags, token, cluster, clusters, rank,
+                                              tidx, total - total % clusters, t, k_tiles,
+                                              (total % clusters) * k_tiles)
                         self.epilogue(acc, tRS_acc, tRS_coords, tRS_rD, tRS_rOut, tRS_sD, sD, gD, mD,
                                       tma_d, tiled_store, store_pipe, mC, mBias, mScaleA, mScaleB,
                                       alpha, beta, m, n, l, per_subtile, tiles_done, warp, store_warp,
@@ -459,30 +460,34 @@ class GemmSm90:
     @cute.jit
     def add_partials(self, acc, mWork, mFlags, token, cluster, clusters, rank, tidx, whole,
                      t, k_tiles, units):
-        """Stream-K, the owner of tail tile ``t``: for each later cluster whose run starts inside
-        the tile, wait for its flag and clear it (compare-and-swap token -> 0, acquire), then add
-        its partial sum to ``acc``."""
+        """Stream-K, the owner of tail tile ``t`` (its end piece): for each earlier cluster whose
+        run reaches into the tile, wait for its flag and clear it (compare-and-swap token -> 0,
+        acquire), then add its partial sum to ``acc``."""
         threads = 128 * self.num_mma_wg
         size = cute.size(acc)
-        tile_end = (t - whole + 1) * k_tiles
-        other = cluster + 1
-        first, end = sk_run(other, clusters, units)
-        while first < tile_end:  # the runs of later clusters that start inside the tile
-            if end > first:
-                slot = other * (self.config.cluster_m * self.config.cluster_n) + rank
-                if tidx == 0:  # swap the token for 0 once it is there (acquire)
-                    seen = cute.arch.atomic_cas(mFlags.iterator + slot, cmp=token, val=cutlass.Int64(0),
-                                                sem="acquire", scope="gpu")
-                    while seen != token:
+        tile_start = (t - whole) * k_tiles
+        other = cluster - 1
+        more = other >= 0
+        while more:  # the runs of earlier clusters that end inside the tile
+            first, end = sk_run(other, clusters, units)
+            if end > tile_start:
+                if end > first:
+                    slot = other * (self.config.cluster_m * self.config.cluster_n) + rank
+                    if tidx == 0:  # swap the token for 0 once it is there (acquire)
                         seen = cute.arch.atomic_cas(mFlags.iterator + slot, cmp=token, val=cutlass.Int64(0),
                                                     sem="acquire", scope="gpu")
-                cute.arch.barrier(barrier_id=5, number_of_threads=threads)
-                cute.arch.fence_acq_rel_gpu()
-                base = slot * (threads * size)
-                for v in cutlass.range_constexpr(size):
-                    acc[v] = acc[v] + mWork[base + v * threads + tidx]
-            other += 1
-            first, end = sk_run(other, clusters, units)
+                        while seen != token:
+                            seen = cute.arch.atomic_cas(mFlags.iterator + slot, cmp=token, val=cutlass.Int64(0),
+                                                        sem="acquire", scope="gpu")
+                    cute.arch.barrier(barrier_id=5, number_of_threads=threads)
+                    cute.arch.fence_acq_rel_gpu()
+                    base = slot * (threads * size)
+                    for v in cutlass.range_constexpr(size):
+                        acc[v] = acc[v] + mWork[base + v * threads + tidx]
+                other -= 1
+                more = other >= 0
+            else:
+                more = False
 
     @cute.jit
     def epilogue(self, acc, tRS_acc, tRS_coords, tRS_rD, tRS_rOut, tRS_sD, sD, gD, mD, tma_d,

@@ -42,10 +42,14 @@ def tile_coords(t: Int32, cm_tiles: Int32, cn_tiles: Int32, group: cutlass.Const
 
 # Stream-K tail: when the cluster tiles do not fill the last wave, the ``total % clusters`` tiles
 # of that wave are cut along K into one equal run of k-tiles per cluster, so every cluster ends
-# at the same time. A cluster's run covers the end of one tile and / or the start of the next (a
-# run is shorter than a tile): it works on the end piece first and stores its partial sum in the
-# workspace, then on the start piece, whose owner waits for the later pieces' partials, adds
-# them and runs the epilogue. Those pieces come first in their clusters' runs, so the wait is short.
+# at the same time. A run is shorter than a tile: it covers the end of one tile (from k-tile x)
+# and / or the start of the next (up to k-tile y), and every run with both has x - y = k_tiles -
+# run length. Each cluster works on its start piece first, then on its end piece: so at any time
+# the clusters read the same k-slices (k in the first phase, k + x - y in the second), as the
+# data-parallel waves do, and L2 serves the tiles that share operand rows. The piece that ends a
+# tile owns it: it waits for the tile's other pieces (finished earlier or at the same time), adds
+# their partial sums from the workspace and runs the epilogue; every other piece stores its
+# partial sum and raises its flag. A cluster has at most one such piece, so one workspace slot.
 
 
 @cute.jit
@@ -64,8 +68,9 @@ def sk_run(cluster: Int32, clusters: Int32, units: Int32):
 def work_item(i: Int32, cluster: Int32, clusters: Int32, total: Int32, k_tiles: Int32,
               stream_k: cutlass.Constexpr):
     """(cluster tile, first k-tile, end k-tile) of work item ``i`` of ``cluster``: its whole
-    tiles ``cluster, cluster + clusters, ...``, then with ``stream_k`` the two pieces of its
-    tail run (an empty piece has end <= first)."""
+    tiles ``cluster, cluster + clusters, ...``, then with ``stream_k`` the pieces of its tail
+    run, the start of a tile before the end of the previous one (an empty piece has end <=
+    first)."""
     t, k_first, k_end = cluster + i * clusters, Int32(0), k_tiles
     if const_expr(stream_k):
         whole = total - total % clusters
@@ -73,14 +78,19 @@ def work_item(i: Int32, cluster: Int32, clusters: Int32, total: Int32, k_tiles: 
         if i >= n_whole:
             first, end = sk_run(cluster, clusters, (total - whole) * k_tiles)
             j = first // k_tiles
-            if i == n_whole:
+            start_piece = end > (j + 1) * k_tiles  # the run reaches into tile j + 1
+            if i == n_whole and start_piece:
+                t = whole + j + 1
+                k_first = Int32(0)
+                k_end = end - (j + 1) * k_tiles
+            elif i == n_whole or start_piece:  # the piece in tile j
                 t = whole + j
                 k_first = first - j * k_tiles
                 k_end = cutlass.min(k_tiles, end - j * k_tiles)
             else:
-                t = whole + j + 1
+                t = whole + j
                 k_first = Int32(0)
-                k_end = end - (j + 1) * k_tiles
+                k_end = Int32(0)
     return t, k_first, k_end
 
 
