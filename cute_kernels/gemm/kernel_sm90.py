@@ -181,8 +181,9 @@ class GemmSm90:
         self.storage = Storage
         self.kernel(
             tma_a, tma_tensor_a, tma_b, tma_tensor_b, tma_d, tma_tensor_d, c, mBias, mScaleA,
-            mScaleB, mWork, mFlags, alpha, beta, token, self.tiled_mma, self.wg_mma, self.cta_layout_mnk, self.a_smem_staged,
-            self.b_smem_staged, self.epi_smem_staged, schedule,
+            mScaleB, mWork, mFlags, alpha, beta, token, self.tiled_mma, self.wg_mma,
+            self.cta_layout_mnk, self.a_smem_staged, self.b_smem_staged, self.epi_smem_staged,
+            schedule,
         ).launch(grid=grid, block=[self.threads, 1, 1], cluster=(*self.cluster_mn, 1),
                  min_blocks_per_mp=1, stream=stream)
 
@@ -190,8 +191,8 @@ class GemmSm90:
 
     @cute.kernel
     def kernel(self, tma_a, mA, tma_b, mB, tma_d, mD, mC, mBias, mScaleA, mScaleB, mWork, mFlags,
-               alpha: Float32, beta: Float32, token: cutlass.Int64, tiled_mma: cute.TiledMma, wg_mma: cute.TiledMma,
-               cta_layout_mnk: cute.Layout,
+               alpha: Float32, beta: Float32, token: cutlass.Int64, tiled_mma: cute.TiledMma,
+               wg_mma: cute.TiledMma, cta_layout_mnk: cute.Layout,
                a_smem_staged: cute.ComposedLayout, b_smem_staged: cute.ComposedLayout,
                epi_smem_staged: cute.ComposedLayout, schedule):
         tidx, _, _ = cute.arch.thread_idx()
@@ -473,11 +474,12 @@ class GemmSm90:
             if end > tile_start:
                 if end > first:
                     slot = other * (self.config.cluster_m * self.config.cluster_n) + rank
+                    flag = mFlags.iterator + slot
                     if tidx == 0:  # swap the token for 0 once it is there (acquire)
-                        seen = cute.arch.atomic_cas(mFlags.iterator + slot, cmp=token, val=cutlass.Int64(0),
+                        seen = cute.arch.atomic_cas(flag, cmp=token, val=cutlass.Int64(0),
                                                     sem="acquire", scope="gpu")
                         while seen != token:
-                            seen = cute.arch.atomic_cas(mFlags.iterator + slot, cmp=token, val=cutlass.Int64(0),
+                            seen = cute.arch.atomic_cas(flag, cmp=token, val=cutlass.Int64(0),
                                                         sem="acquire", scope="gpu")
                     cute.arch.barrier(barrier_id=5, number_of_threads=threads)
                     cute.arch.fence_acq_rel_gpu()

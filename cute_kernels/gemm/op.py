@@ -108,7 +108,8 @@ def compiled_gemm(config: GemmConfig, specs: tuple):
     ctas = config.cluster_m * config.cluster_n * config.max_clusters
 
     def launch_stream_k(a, b, d, c, bias, scale_a, scale_b, alpha, beta):
-        work = torch.empty(ctas * config.tile_m * config.tile_n, dtype=torch.float32, device=d.device)
+        work = torch.empty(ctas * config.tile_m * config.tile_n, dtype=torch.float32,
+                           device=d.device)
         flags = torch.empty(ctas, dtype=torch.int64, device=d.device)
         kernel(a, b, d, c, bias, scale_a, scale_b, work, flags, alpha, beta, next(_tokens))
     return launch_stream_k
@@ -165,9 +166,11 @@ def _kernel_for(a, b, d, c, bias, scale_a, scale_b, activation, tuned=False, fas
             scratch = torch.empty_like(d)  # timed launches never touch the caller's output
             config = tuned_config(
                 repr((target_arch(), key[:-1])), config, m, sms, a.element_size() == 1,
-                lambda cfg: compiled_gemm(cfg, kernel_specs(a, b, d, c, bias, scale_a, scale_b, cfg)),
+                lambda cfg: compiled_gemm(
+                    cfg, kernel_specs(a, b, d, c, bias, scale_a, scale_b, cfg)),
                 lambda fn: fn(a, b, scratch, c, bias, scale_a, scale_b, 1.0, 0.0))
-        fn = _kernels[key] = compiled_gemm(config, kernel_specs(a, b, d, c, bias, scale_a, scale_b, config))
+        specs = kernel_specs(a, b, d, c, bias, scale_a, scale_b, config)
+        fn = _kernels[key] = compiled_gemm(config, specs)
     return fn
 
 
@@ -220,7 +223,8 @@ def gemm_with_config(a, b, out, bias, config: GemmConfig) -> None:
     key = ("fixed", config, a.dtype, out.dtype, _major(a), _major(b), None if bias is None else bias.dtype)
     fn = _kernels.get(key)
     if fn is None:
-        fn = _kernels[key] = compiled_gemm(config, kernel_specs(a, b, out, None, bias, None, None, config))
+        specs = kernel_specs(a, b, out, None, bias, None, None, config)
+        fn = _kernels[key] = compiled_gemm(config, specs)
     fn(a, b, out, None, bias, None, None, 1.0, 0.0)
 
 
@@ -487,9 +491,11 @@ def compile_configurations(quick: bool = False):
             (GemmConfig(128, 192, 2, max_clusters=66, stream_k=True, fp8_promote_every=1,
                         epilogue=Epilogue(scalar_scale_a=True, scalar_scale_b=True)),
              (fp8_row, fp8_col, out, None, None, f32, f32)),
-            (GemmConfig(128, 256, 1, max_clusters=132, stream_k=True, epilogue=Epilogue(scalar_scale_a=True, scalar_scale_b=True)),
+            (GemmConfig(128, 256, 1, max_clusters=132, stream_k=True,
+                        epilogue=Epilogue(scalar_scale_a=True, scalar_scale_b=True)),
              (fp8_row, fp8_col, out, None, None, f32, f32)),
-            (GemmConfig(64, 128, 2, max_clusters=66, stream_k=True), (bf16("row"), bf16("row"), out, None, None, None, None))):
+            (GemmConfig(64, 128, 2, max_clusters=66, stream_k=True),
+             (bf16("row"), bf16("row"), out, None, None, None, None))):
         found.append((GemmSm90, cfg, specs(cfg, operands)))
     return found
 
