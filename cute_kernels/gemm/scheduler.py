@@ -50,6 +50,8 @@ def tile_coords(t: Int32, cm_tiles: Int32, cn_tiles: Int32, group: cutlass.Const
 # tile owns it: it waits for the tile's other pieces (finished earlier or at the same time), adds
 # their partial sums from the workspace and runs the epilogue; every other piece stores its
 # partial sum and raises its flag. A cluster has at most one such piece, so one workspace slot.
+# Waits point only at earlier clusters, which raise their flags before they wait themselves, so
+# a grid larger than what runs at once still finishes (later clusters start as earlier ones end).
 
 
 @cute.jit
