@@ -86,6 +86,10 @@ def test_tuning_candidates():
     assert all(c.tile_m == 64 for c in candidates(choose_config(64, 512, 512, 1, 2, 132), 64, 132))
     fast = candidates(choose_config(4096, 4096, 4096, 1, 1, 132, fast_accum=True), 4096, 132, fp8=True)
     assert not any(c.pingpong or c.fp8_split_n or c.fp8_promote_every for c in fast)  # ping-pong spills
+    # The stream-K choice belongs to the heuristic's tile and cluster (its tail); the other
+    # shapes are timed data-parallel.
+    tail = choose_config(4096, 4352, 4096, 1, 2, 132)
+    assert [c.stream_k for c in candidates(tail, 4096, 132)] == [True] + [False] * 5
 
 
 def test_kernel_refuses_a_scale_given_both_ways():
@@ -191,13 +195,13 @@ def test_stream_k_through_the_op():
     m, n, k = 4096, 4352, 2048
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    assert choose_config(m, n, k, 1, 2, torch.cuda.get_device_properties(0).multi_processor_count).stream_k
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert choose_config(m, n, k, 1, 2, sms).stream_k and choose_config(k, n, m, 1, 2, sms).stream_k
     for _ in range(2):
         out = ck.gemm(a, b)
         check(out, a.detach(), b.detach())
     grad = torch.randn_like(out)
     out.backward(grad)
-    assert choose_config(k, n, m, 1, 2, 132).stream_k
     check(a.grad, grad, b.detach().t())
     check(b.grad, a.detach().t(), grad)
 

@@ -27,7 +27,8 @@ def candidates(base: GemmConfig, m: int, sms: int, fp8: bool = False) -> list[Ge
     """The heuristic's choice first, then the other tile / cluster / schedule shapes worth
     timing (ping-pong tiles are per warpgroup: 128 x 192 keeps 192 fp32 accumulators, fp8's
     128 x 96 two accumulators of 96; fp8's 128 x 256 folds per column half, its 128 x 192 keeps
-    two accumulators of 96 per warpgroup; every fp8 tile folds per k-tile). fp8 without
+    two accumulators of 96 per warpgroup; every fp8 tile folds per k-tile; a stream-K tail only
+    with the heuristic's tile and cluster, whose last wave it was chosen for). fp8 without
     promotion (fast accumulation) takes no ping-pong: 192 accumulators spill with its layouts."""
     promote = base.fp8_promote_every > 0
     if m <= 64:
@@ -46,7 +47,8 @@ def candidates(base: GemmConfig, m: int, sms: int, fp8: bool = False) -> list[Ge
         for cluster_m in (1, 2):
             cfg = dataclasses.replace(base, tile_m=tile_m, tile_n=tile_n, cluster_m=cluster_m,
                                       max_clusters=max(1, sms // cluster_m), pingpong=pingpong,
-                                      stream_k=base.stream_k and not pingpong,
+                                      stream_k=base.stream_k and (tile_m, tile_n, cluster_m)
+                                      == (base.tile_m, base.tile_n, base.cluster_m),
                                       fp8_split_n=split,
                                       fp8_promote_every=int(promote))
             if cfg not in found:
