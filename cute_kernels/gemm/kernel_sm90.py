@@ -38,7 +38,7 @@ Constraints:
   - tile M 64 / 128, tile N a multiple of 16 up to 256; clusters of at most 2 x 2
   - ping-pong: two MMA warpgroups, each holding a whole tile's accumulators (at most 192 fp32
     values per thread, two fp32 accumulators for fp8)
-  - ``fp8_split_n``: fp8, cooperative schedule, tile N a multiple of 32
+  - ``fp8_split_n``: fp8, cooperative schedule, a fold every k-tile, tile N a multiple of 32
   - ``stream_k``: cooperative schedule, a capped grid (``max_clusters``); ``work`` holds
     ``tile_m * tile_n`` fp32 values per launched CTA, ``flags`` one int64 per launched CTA, and
     ``token`` is nonzero and new for every launch whose flags were not cleared by a previous
@@ -57,7 +57,7 @@ from cutlass import Float32, Int32, const_expr
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from .config import GemmConfig
-from .scheduler import cluster_tile_counts, sk_run, tile_coords, work_item, work_items
+from .scheduler import cluster_tile_counts, sk_run, tail_piece, tile_coords, whole_tiles
 
 SMEM_CAPACITY = 232448
 PRODUCER_REGISTERS = 40
@@ -78,8 +78,9 @@ class GemmSm90:
     def __init__(self, config: GemmConfig):
         if config.stream_k and (config.pingpong or config.max_clusters >= 1 << 30):
             raise ValueError(f"stream_k needs the cooperative schedule and a capped grid: {config}")
-        if config.fp8_split_n and (config.pingpong or config.fp8_promote_every < 1 or config.tile_n % 32):
-            raise ValueError(f"fp8_split_n needs the cooperative schedule, fp8 promotion and tile N % 32 == 0: {config}")
+        if config.fp8_split_n and (config.pingpong or config.fp8_promote_every != 1 or config.tile_n % 32):
+            raise ValueError(f"fp8_split_n needs the cooperative schedule, a fold every k-tile "
+                             f"(fp8_promote_every=1) and tile N % 32 == 0: {config}")
         epi = config.epilogue
         if (epi.row_scale and epi.scalar_scale_a) or (epi.col_scale and epi.scalar_scale_b):
             raise ValueError(f"a scale is per tensor or per row / column, not both: {epi}")
@@ -257,23 +258,36 @@ class GemmSm90:
         cm_tiles, cn_tiles, total = schedule
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.ab_stages)
         cluster, clusters = cute.arch.block_idx()[2], cute.arch.grid_dim()[2]
-        stream_k = const_expr(self.config.stream_k)
-        for item in range(work_items(cluster, clusters, total, stream_k)):
-            t, k_first, k_end = work_item(item, cluster, clusters, total, k_tiles, stream_k)
-            m, n, l = tile_coords(t, cm_tiles, cn_tiles, self.config.swizzle, self.cluster_mn,
-                                  cluster_coord[0], cluster_coord[1])
-            tAgA_tile = tAgA[(None, m, None, l)]
-            tBgB_tile = tBgB[(None, n, None, l)]
-            for k in range(k_first, k_end):
-                mainloop.producer_acquire(state)
-                barrier = mainloop.producer_get_barrier(state)
-                cute.copy(tma_a, tAgA_tile[(None, k)], tAsA[(None, state.index)],
-                          tma_bar_ptr=barrier, mcast_mask=a_mask)
-                cute.copy(tma_b, tBgB_tile[(None, k)], tBsB[(None, state.index)],
-                          tma_bar_ptr=barrier, mcast_mask=b_mask)
-                mainloop.producer_commit(state)
-                state.advance()
+        for item in range(whole_tiles(cluster, clusters, total, self.config.stream_k)):
+            m, n, l = tile_coords(cluster + item * clusters, cm_tiles, cn_tiles, self.config.swizzle,
+                                  self.cluster_mn, cluster_coord[0], cluster_coord[1])
+            state = self.load_k_tiles(tma_a, tma_b, tAsA, tBsB, tAgA[(None, m, None, l)],
+                                      tBgB[(None, n, None, l)], a_mask, b_mask, mainloop, state,
+                                      0, k_tiles)
+        if const_expr(self.config.stream_k):
+            for piece in range(2):
+                t, k_first, k_end = tail_piece(piece, cluster, clusters, total, k_tiles)
+                m, n, l = tile_coords(t, cm_tiles, cn_tiles, self.config.swizzle, self.cluster_mn,
+                                      cluster_coord[0], cluster_coord[1])
+                state = self.load_k_tiles(tma_a, tma_b, tAsA, tBsB, tAgA[(None, m, None, l)],
+                                          tBgB[(None, n, None, l)], a_mask, b_mask, mainloop,
+                                          state, k_first, k_end)
         mainloop.producer_tail(state)
+
+    @cute.jit
+    def load_k_tiles(self, tma_a, tma_b, tAsA, tBsB, tAgA_tile, tBgB_tile, a_mask, b_mask,
+                     mainloop, state, k_first, k_end):
+        """TMA loads of k-tiles ``k_first .. k_end - 1`` of one tile; returns the advanced state."""
+        for k in range(k_first, k_end):
+            mainloop.producer_acquire(state)
+            barrier = mainloop.producer_get_barrier(state)
+            cute.copy(tma_a, tAgA_tile[(None, k)], tAsA[(None, state.index)],
+                      tma_bar_ptr=barrier, mcast_mask=a_mask)
+            cute.copy(tma_b, tBgB_tile[(None, k)], tBsB[(None, state.index)],
+                      tma_bar_ptr=barrier, mcast_mask=b_mask)
+            mainloop.producer_commit(state)
+            state.advance()
+        return state
 
     @cute.jit
     def mma_and_epilogue(self, tiled_mma, wg_mma, sA, sB, sD, gD, mD, tma_d, mC, mBias, mScaleA, mScaleB,
@@ -299,10 +313,8 @@ class GemmSm90:
         if const_expr(split):  # one column half: (V, 1, 1)
             half_tile = cute.make_identity_tensor((64 * self.tile_wgs, cfg.tile_n // 2))
             mma_acc = cute.make_rmem_tensor(thr_mma.partition_C(half_tile).shape, Float32)
-            tCrB_halves = cute.logical_divide(tCrB, (None, 1))  # mode 1: (1, 2)
         elif const_expr(promote > 0):
             mma_acc = cute.make_rmem_tensor(acc.shape, Float32)
-        k_blocks = cute.size(tCrA, mode=[2])
 
         # Epilogue plumbing: accumulator -> registers of the output dtype -> smem -> TMA.
         store_atom = sm90_utils.sm90_get_smem_store_op(self.d_layout, elem_ty_d=self.d_dtype, elem_ty_acc=Float32)
@@ -346,7 +358,7 @@ class GemmSm90:
         tiles_done = Int32(0)
         cluster, clusters = cute.arch.block_idx()[2], cute.arch.grid_dim()[2]
         stream_k = const_expr(self.config.stream_k)
-        items = work_items(cluster, clusters, total, stream_k)
+        items = whole_tiles(cluster, clusters, total, stream_k)
         first_item, item_step = 0, 1
         if const_expr(self.pingpong):
             first_item, item_step = wg, 2
@@ -355,9 +367,8 @@ class GemmSm90:
                     read.advance()
                     release.advance()
         for item in range(first_item, items, item_step):
-            t, k_first, k_end = work_item(item, cluster, clusters, total, k_tiles, stream_k)
-            m, n, l = tile_coords(t, cm_tiles, cn_tiles, cfg.swizzle, self.cluster_mn,
-                                  cluster_coord[0], cluster_coord[1])
+            m, n, l = tile_coords(cluster + item * clusters, cm_tiles, cn_tiles, cfg.swizzle,
+                                  self.cluster_mn, cluster_coord[0], cluster_coord[1])
             if const_expr(self.pingpong):
                 # Wait for the other warpgroup's previous mainloop (barrier 3: 0 -> 1, 4: 1 -> 0).
                 if wg == 0:
@@ -365,59 +376,29 @@ class GemmSm90:
                         cute.arch.barrier(barrier_id=4, number_of_threads=256)
                 else:
                     cute.arch.barrier(barrier_id=3, number_of_threads=256)
-            acc.fill(0.0)
-            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-            cute.nvgpu.warpgroup.fence()
-            if const_expr(split):
-                # Per k-tile and column half: the MMAs into the half's tensor-core accumulator
-                # (the first overwrites it), a wait for them, a fold into the fp32 accumulator.
-                for k in range(k_first, k_end):
-                    mainloop.consumer_wait(read)
-                    for h in cutlass.range_constexpr(2):
-                        for kb in cutlass.range_constexpr(k_blocks):
-                            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, kb > 0)
-                            cute.gemm(tiled_mma, mma_acc, tCrA[(None, None, kb, read.index)],
-                                      tCrB_halves[(None, (None, h), kb, read.index)], mma_acc)
-                        cute.nvgpu.warpgroup.commit_group()
-                        cute.nvgpu.warpgroup.wait_group(0)
-                        acc_h = acc[(None, 0, h)]
-                        acc_h.store(acc_h.load() + mma_acc[(None, 0, 0)].load())
-                        cute.nvgpu.warpgroup.fence()
-                    mainloop.consumer_release(release)
-                    release.advance()
-                    read.advance()
-            else:
-                # The pipeline states are advanced here, in this loop's own body, so they are
-                # carried from tile to tile. One wgmma batch stays in flight; a stage is released
-                # once the batch after it has been issued. fp8 folds the MMA accumulator into the
-                # fp32 one after every window of ``promote`` k-tiles (one window without fp8).
-                window = promote if const_expr(promote > 0) else k_tiles
-                for k0 in range(k_first, k_end, window):
-                    for k in range(k0, cutlass.min(k0 + window, k_end)):
-                        mainloop.consumer_wait(read)
-                        for kb in cutlass.range_constexpr(k_blocks):
-                            if const_expr(promote > 0):  # the window's first MMA overwrites
-                                tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True if kb > 0 else k > k0)
-                            cute.gemm(tiled_mma, mma_acc, tCrA[(None, None, kb, read.index)],
-                                      tCrB[(None, None, kb, read.index)], mma_acc)
-                        cute.nvgpu.warpgroup.commit_group()
-                        cute.nvgpu.warpgroup.wait_group(1)
-                        if k > k_first:
-                            mainloop.consumer_release(release)
-                            release.advance()
-                        read.advance()
-                    if const_expr(promote > 0):
-                        cute.nvgpu.warpgroup.wait_group(0)
-                        acc.store(acc.load() + mma_acc.load())
-                        cute.nvgpu.warpgroup.fence()
-                cute.nvgpu.warpgroup.wait_group(0)
-                if k_end > k_first:
-                    mainloop.consumer_release(release)
-                    release.advance()
+            tiled_mma, read, release = self.mma_k_tiles(tiled_mma, acc, mma_acc, tCrA, tCrB,
+                                                        mainloop, read, release, 0, k_tiles,
+                                                        k_tiles)
             if const_expr(self.pingpong):
                 if item + 1 < items:  # the other warpgroup has a next tile: its turn
                     cute.arch.barrier_arrive(barrier_id=3 + wg, number_of_threads=256)
-            if const_expr(stream_k):
+            self.epilogue(acc, tRS_acc, tRS_coords, tRS_rD, tRS_rOut, tRS_sD, sD, gD, mD, tma_d,
+                          tiled_store, store_pipe, mC, mBias, mScaleA, mScaleB, alpha, beta,
+                          m, n, l, per_subtile, tiles_done, warp, store_warp, epi_barrier,
+                          buffer_base, row_block)
+            tiles_done += 1
+            if const_expr(self.pingpong):
+                for _ in range(k_tiles):  # the other warpgroup's tile
+                    read.advance()
+                    release.advance()
+        if const_expr(stream_k):
+            for piece in range(2):
+                t, k_first, k_end = tail_piece(piece, cluster, clusters, total, k_tiles)
+                m, n, l = tile_coords(t, cm_tiles, cn_tiles, cfg.swizzle, self.cluster_mn,
+                                      cluster_coord[0], cluster_coord[1])
+                tiled_mma, read, release = self.mma_k_tiles(tiled_mma, acc, mma_acc, tCrA, tCrB,
+                                                            mainloop, read, release, k_first,
+                                                            k_end, k_tiles)
                 if k_end > k_first:
                     if k_end < k_tiles:  # not the tile's end: hand the partial sum to its owner
                         self.store_partial(acc, mWork, mFlags, token, cluster, rank, tidx)
@@ -426,22 +407,71 @@ class GemmSm90:
                             self.add_partials(acc, mWork, mFlags, token, cluster, clusters, rank,
                                               tidx, total - total % clusters, t, k_tiles,
                                               (total % clusters) * k_tiles)
-                        self.epilogue(acc, tRS_acc, tRS_coords, tRS_rD, tRS_rOut, tRS_sD, sD, gD, mD,
-                                      tma_d, tiled_store, store_pipe, mC, mBias, mScaleA, mScaleB,
-                                      alpha, beta, m, n, l, per_subtile, tiles_done, warp, store_warp,
-                                      epi_barrier, buffer_base, row_block)
+                        self.epilogue(acc, tRS_acc, tRS_coords, tRS_rD, tRS_rOut, tRS_sD, sD, gD,
+                                      mD, tma_d, tiled_store, store_pipe, mC, mBias, mScaleA,
+                                      mScaleB, alpha, beta, m, n, l, per_subtile, tiles_done,
+                                      warp, store_warp, epi_barrier, buffer_base, row_block)
                         tiles_done += 1
-            else:
-                self.epilogue(acc, tRS_acc, tRS_coords, tRS_rD, tRS_rOut, tRS_sD, sD, gD, mD, tma_d,
-                              tiled_store, store_pipe, mC, mBias, mScaleA, mScaleB, alpha, beta,
-                              m, n, l, per_subtile, tiles_done, warp, store_warp, epi_barrier,
-                              buffer_base, row_block)
-                tiles_done += 1
-            if const_expr(self.pingpong):
-                for _ in range(k_tiles):  # the other warpgroup's tile
-                    read.advance()
-                    release.advance()
         store_pipe.producer_tail()
+
+    @cute.jit
+    def mma_k_tiles(self, tiled_mma, acc, mma_acc, tCrA, tCrB, mainloop, read, release, k_first,
+                    k_end, k_tiles):
+        """``acc`` <- the MMAs over k-tiles ``k_first .. k_end - 1`` of one tile (zero when the
+        range is empty). Returns the MMA (its accumulate flag changes here) and the advanced
+        pipeline states, so that the caller's loops carry them."""
+        promote = const_expr(self.config.fp8_promote_every)
+        k_blocks = cute.size(tCrA, mode=[2])
+        tCrB_halves = cute.logical_divide(tCrB, (None, 1))  # mode 1: (1, 2) column halves
+        acc.fill(0.0)
+        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+        cute.nvgpu.warpgroup.fence()
+        if const_expr(self.config.fp8_split_n):
+            # Per k-tile and column half: the MMAs into the half's tensor-core accumulator
+            # (the first overwrites it), a wait for them, a fold into the fp32 accumulator.
+            for k in range(k_first, k_end):
+                mainloop.consumer_wait(read)
+                for h in cutlass.range_constexpr(2):
+                    for kb in cutlass.range_constexpr(k_blocks):
+                        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, kb > 0)
+                        cute.gemm(tiled_mma, mma_acc, tCrA[(None, None, kb, read.index)],
+                                  tCrB_halves[(None, (None, h), kb, read.index)], mma_acc)
+                    cute.nvgpu.warpgroup.commit_group()
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    acc_h = acc[(None, 0, h)]
+                    acc_h.store(acc_h.load() + mma_acc[(None, 0, 0)].load())
+                    cute.nvgpu.warpgroup.fence()
+                mainloop.consumer_release(release)
+                release.advance()
+                read.advance()
+        else:
+            # One wgmma batch stays in flight; a stage is released once the batch after it has
+            # been issued. fp8 folds the MMA accumulator into the fp32 one after every window of
+            # ``promote`` k-tiles (one window without fp8).
+            window = promote if const_expr(promote > 0) else k_tiles
+            for k0 in range(k_first, k_end, window):
+                for k in range(k0, cutlass.min(k0 + window, k_end)):
+                    mainloop.consumer_wait(read)
+                    for kb in cutlass.range_constexpr(k_blocks):
+                        if const_expr(promote > 0):  # the window's first MMA overwrites
+                            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True if kb > 0 else k > k0)
+                        cute.gemm(tiled_mma, mma_acc, tCrA[(None, None, kb, read.index)],
+                                  tCrB[(None, None, kb, read.index)], mma_acc)
+                    cute.nvgpu.warpgroup.commit_group()
+                    cute.nvgpu.warpgroup.wait_group(1)
+                    if k > k_first:
+                        mainloop.consumer_release(release)
+                        release.advance()
+                    read.advance()
+                if const_expr(promote > 0):
+                    cute.nvgpu.warpgroup.wait_group(0)
+                    acc.store(acc.load() + mma_acc.load())
+                    cute.nvgpu.warpgroup.fence()
+            cute.nvgpu.warpgroup.wait_group(0)
+            if k_end > k_first:
+                mainloop.consumer_release(release)
+                release.advance()
+        return tiled_mma, read, release
 
     @cute.jit
     def store_partial(self, acc, mWork, mFlags, token, cluster, rank, tidx):

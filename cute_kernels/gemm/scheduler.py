@@ -66,38 +66,27 @@ def sk_run(cluster: Int32, clusters: Int32, units: Int32):
     return first, end
 
 
-@cute.jit
-def work_item(i: Int32, cluster: Int32, clusters: Int32, total: Int32, k_tiles: Int32,
-              stream_k: cutlass.Constexpr):
-    """(cluster tile, first k-tile, end k-tile) of work item ``i`` of ``cluster``: its whole
-    tiles ``cluster, cluster + clusters, ...``, then with ``stream_k`` the pieces of its tail
-    run, the start of a tile before the end of the previous one (an empty piece has end <=
-    first)."""
-    t, k_first, k_end = cluster + i * clusters, Int32(0), k_tiles
-    if const_expr(stream_k):
-        whole = total - total % clusters
-        n_whole = whole // clusters
-        if i >= n_whole:
-            first, end = sk_run(cluster, clusters, (total - whole) * k_tiles)
-            j = first // k_tiles
-            start_piece = end > (j + 1) * k_tiles  # the run reaches into tile j + 1
-            if i == n_whole and start_piece:
-                t = whole + j + 1
-                k_first = Int32(0)
-                k_end = end - (j + 1) * k_tiles
-            elif i == n_whole or start_piece:  # the piece in tile j
-                t = whole + j
-                k_first = first - j * k_tiles
-                k_end = cutlass.min(k_tiles, end - j * k_tiles)
-            else:
-                t = whole + j
-                k_first = Int32(0)
-                k_end = Int32(0)
-    return t, k_first, k_end
-
-
-def work_items(cluster, clusters, total, stream_k: bool):
-    """Number of work items of ``cluster`` (host or device integers)."""
+def whole_tiles(cluster, clusters, total, stream_k: bool):
+    """Number of whole cluster tiles ``cluster`` runs (``cluster, cluster + clusters, ...``): all
+    of its tiles, or with ``stream_k`` those of the full waves (host or device integers)."""
     if stream_k:
-        return (total - total % clusters) // clusters + 2
+        return total // clusters
     return (total - cluster + clusters - 1) // clusters
+
+
+@cute.jit
+def tail_piece(i: Int32, cluster: Int32, clusters: Int32, total: Int32, k_tiles: Int32):
+    """(cluster tile, first k-tile, end k-tile) of ``cluster``'s stream-K piece ``i``: 0 the
+    start of a tile, 1 the end of the previous one (a run inside one tile is piece 0; an empty
+    piece has end <= first)."""
+    whole = total - total % clusters
+    first, end = sk_run(cluster, clusters, (total - whole) * k_tiles)
+    j = first // k_tiles
+    start_piece = end > (j + 1) * k_tiles  # the run reaches into tile j + 1
+    t, k_first, k_end = whole + j, first - j * k_tiles, cutlass.min(k_tiles, end - j * k_tiles)
+    if i == 0:
+        if start_piece:
+            t, k_first, k_end = whole + j + 1, Int32(0), end - (j + 1) * k_tiles
+    elif not start_piece:
+        k_end = k_first
+    return t, k_first, k_end
