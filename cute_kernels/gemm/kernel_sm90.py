@@ -16,6 +16,10 @@ Design:
     flag (the launch's token); the piece that ends the tile waits for those flags, adds the
     partials (and clears the flags) and runs the epilogue.
   - Clusters of ``cluster_m`` x ``cluster_n`` CTAs share operand tiles by TMA multicast.
+  - Programmatic dependent launch (``PDL``): the kernel may start while the previous kernel on
+    the stream finishes; it sets up shared memory and barriers, then waits for that kernel's
+    grid (``griddepcontrol.wait``) before any global memory access, and lets the next kernel
+    launch once its producer has issued its last loads.
   - Epilogue: accumulators -> ``alpha * acc (+ beta * C) (+ bias)`` -> activation -> output
     dtype, staged through shared memory (stmatrix) and written by TMA store in 64-row x
     32-column sub-tiles; each MMA warpgroup stores its own rows (own buffers, barrier and store
@@ -74,6 +78,8 @@ def _to_blas_order(t: cute.Tensor, order) -> cute.Tensor:
 
 class GemmSm90:
     """See the module docstring. ``__init__`` takes only the compile-time configuration."""
+
+    PDL = True  # launched with programmatic dependent launch (module docstring)
 
     def __init__(self, config: GemmConfig):
         if config.stream_k and (config.pingpong or config.max_clusters >= 1 << 30):
@@ -186,7 +192,7 @@ class GemmSm90:
             self.cta_layout_mnk, self.a_smem_staged, self.b_smem_staged, self.epi_smem_staged,
             schedule,
         ).launch(grid=grid, block=[self.threads, 1, 1], cluster=(*self.cluster_mn, 1),
-                 min_blocks_per_mp=1, stream=stream)
+                 min_blocks_per_mp=1, stream=stream, use_pdl=self.PDL)
 
     # ------------------------------------------------------------------ device side
 
@@ -228,6 +234,8 @@ class GemmSm90:
         gD = cute.local_tile(mD, cute.slice_(self.tile_mnk, (None, None, 0)), (None, None, None))
         k_tiles = cute.size(gA, mode=[3])
         pipeline_init_wait(cluster_shape_mn=self.cluster_mn)
+        if const_expr(self.PDL):
+            cute.arch.griddepcontrol_wait()
 
         warpgroup = cute.arch.make_warp_uniform(tidx // 128)
         if warpgroup == 0:
@@ -272,6 +280,8 @@ class GemmSm90:
                 state = self.load_k_tiles(tma_a, tma_b, tAsA, tBsB, tAgA[(None, m, None, l)],
                                           tBgB[(None, n, None, l)], a_mask, b_mask, mainloop,
                                           state, k_first, k_end)
+        if const_expr(self.PDL):
+            cute.arch.griddepcontrol_launch_dependents()
         mainloop.producer_tail(state)
 
     @cute.jit
