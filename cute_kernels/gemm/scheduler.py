@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, const_expr
+from cutlass import Int32
 
 
 def cluster_tile_counts(m, n, batch, tile_mn, cluster_mn):
