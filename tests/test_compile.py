@@ -92,4 +92,6 @@ def test_gemm_configuration_uses_wgmma_tma_and_no_spills(case):
     assert report.has("wgmma.mma_async"), "the mainloop must issue wgmma"
     assert report.has("cp.async.bulk.tensor"), "operands must move by TMA"
     assert report.has("setmaxnreg"), "warp specialization must rebalance registers"
+    # Dependent launch: wait for the previous grid before any global access, release the next.
+    assert report.has("griddepcontrol.wait") and report.has("griddepcontrol.launch_dependents")
     assert not report.local_memory, f"local memory / spills: {report.summary()}"
