@@ -68,6 +68,10 @@ def test_heuristic_fills_the_machine():
     assert not choose_config(4096, 4352, 1024, 1, 2, 132).stream_k  # short K
     assert not choose_config(4096, 4352, 4096, 1, 1, 132).stream_k  # fp8
     assert not choose_config(1024, 1024, 4096, 1, 2, 132).stream_k  # one partial wave
+    # fp8 exact runs the next tile's first k-tile under the epilogue where CTAs have two tiles.
+    assert fp8.epilogue_mma and big_fp8.epilogue_mma
+    assert not choose_config(1000, 2896, 1040, 1, 1, 132).epilogue_mma  # 128 tiles on 132 SMs
+    assert not fast.epilogue_mma and not big.epilogue_mma  # no fold: nothing free to run
 
 
 def test_tuning_candidates():
@@ -230,6 +234,35 @@ def test_fp8_column_split_promotion(cluster_m):
     ref = (a.double() @ b.double()) * sa.double().reshape(-1, 1) * sb.double()
     for d in outs:
         assert (d.double() - ref).abs().max().item() <= 1e-2 * ref.abs().max().item()
+
+
+@gpu
+@pytest.mark.parametrize("tile", [(128, 256, 1), (128, 256, 2), (128, 192, 2), (64, 128, 2)])
+def test_fp8_next_k_tile_under_the_epilogue(tile):
+    # epilogue_mma: each tile's epilogue runs the next tile's first k-tile. A small grid gives
+    # every CTA many tiles (ragged M, N and K; K of one k-tile too), per-row / per-column scales
+    # and a bias, bf16 and fp32 output, a poisoned output: bitwise the same as without it (the
+    # same folds in the same order), and within the fp8 tolerance of float64.
+    from cute_kernels.gemm.config import Epilogue, GemmConfig
+    from cute_kernels.gemm.op import compiled_gemm, kernel_specs
+
+    tm, tn, cm = tile
+    epi = Epilogue(bias=True, row_scale=True, col_scale=True)
+    for (m, n, k), out_dtype in (((1000, 2896, 1040), torch.bfloat16), ((777, 1000, 112), torch.float32)):
+        a = (torch.randn(m, k, device="cuda") * 0.5).to(torch.float8_e4m3fn)
+        b = (torch.randn(n, k, device="cuda") * 0.5).to(torch.float8_e4m3fn).t()
+        sa, sb = torch.rand(m, device="cuda") + 0.5, torch.rand(n, device="cuda") + 0.5
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        outs = []
+        for epilogue_mma in (True, False):
+            cfg = GemmConfig(tm, tn, cm, max_clusters=max(1, 6 // cm), epilogue=epi, fp8_promote_every=1,
+                             fp8_split_n=tn == 256, epilogue_mma=epilogue_mma)
+            d = torch.full((m, n), float("nan"), device="cuda", dtype=out_dtype)
+            compiled_gemm(cfg, kernel_specs(a, b, d, None, bias, sa, sb, cfg))(a, b, d, None, bias, sa, sb, 1.0, 0.0)
+            outs.append(d)
+        ref = (a.double() @ b.double()) * sa.double().reshape(-1, 1) * sb.double() + bias.double()
+        assert torch.equal(outs[0], outs[1])
+        assert (outs[0].double() - ref).abs().max().item() <= 1e-2 * ref.abs().max().item()
 
 
 @gpu

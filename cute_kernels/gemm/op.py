@@ -449,11 +449,13 @@ def compile_configurations(quick: bool = False):
         cfg = GemmConfig(128, 256, max_clusters=132, epilogue=epi)
         found.append((GemmSm90, cfg, specs(cfg, (bf16("row"), bf16("row"), out, free(2) if epi.residual else None,
                                                 free(1) if epi.bias else None, None, None))))
+    # fp8 exact, each with and without the next tile's first k-tile under the epilogue.
     for tm, tn, cm in ((128, 128, 1), (128, 128, 2), (64, 128, 1), (64, 128, 2), (128, 256, 1), (128, 256, 2),
                        (128, 192, 1), (128, 192, 2)):
-        cfg = GemmConfig(tm, tn, cm, max_clusters=132 // cm, epilogue=Epilogue(row_scale=True, col_scale=True),
-                         fp8_promote_every=1, fp8_split_n=tn == 256)
-        found.append((GemmSm90, cfg, specs(cfg, (fp8_row, fp8_col, out, None, None, f32, f32))))
+        for epilogue_mma in (False, True):
+            cfg = GemmConfig(tm, tn, cm, max_clusters=132 // cm, epilogue=Epilogue(row_scale=True, col_scale=True),
+                             fp8_promote_every=1, fp8_split_n=tn == 256, epilogue_mma=epilogue_mma)
+            found.append((GemmSm90, cfg, specs(cfg, (fp8_row, fp8_col, out, None, None, f32, f32))))
     # fp8 without promotion (fast_accum): the heuristic's tiles and the others tuned=True times.
     for tm, tn, cm in ((128, 256, 1), (128, 256, 2), (128, 128, 1), (128, 128, 2), (64, 128, 1), (64, 128, 2)):
         cfg = GemmConfig(tm, tn, cm, max_clusters=132 // cm, epilogue=Epilogue(row_scale=True, col_scale=True))
@@ -461,9 +463,9 @@ def compile_configurations(quick: bool = False):
     # Per-tensor scales (folded into alpha), alone and next to a per-row scale, on 128 x 256 with
     # and without promotion (the epilogue is the same for every tile shape).
     for epi in (Epilogue(scalar_scale_a=True, scalar_scale_b=True), Epilogue(row_scale=True, scalar_scale_b=True)):
-        for promote in (1, 0):
+        for promote, epilogue_mma in ((1, False), (1, True), (0, False)):
             cfg = GemmConfig(128, 256, max_clusters=132, epilogue=epi, fp8_promote_every=promote,
-                             fp8_split_n=promote == 1)
+                             fp8_split_n=promote == 1, epilogue_mma=epilogue_mma)
             found.append((GemmSm90, cfg, specs(cfg, (fp8_row, fp8_col, out, None, None, f32, f32))))
     # Ping-pong configurations that tuned=True may pick (bf16 and fp8).
     for cm in (1, 2):

@@ -50,7 +50,8 @@ def candidates(base: GemmConfig, m: int, sms: int, fp8: bool = False) -> list[Ge
                                       stream_k=base.stream_k and (tile_m, tile_n, cluster_m)
                                       == (base.tile_m, base.tile_n, base.cluster_m),
                                       fp8_split_n=split,
-                                      fp8_promote_every=int(promote))
+                                      fp8_promote_every=int(promote),
+                                      epilogue_mma=base.epilogue_mma and not pingpong)
             if cfg not in found:
                 found.append(cfg)
     return found
