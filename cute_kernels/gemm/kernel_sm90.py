@@ -99,7 +99,6 @@ class GemmSm90:
         if (epi.row_scale and epi.scalar_scale_a) or (epi.col_scale and epi.scalar_scale_b):
             raise ValueError(f"a scale is per tensor or per row / column, not both: {epi}")
         self.config = config
-        self.overlap_next = config.epilogue_mma
         self.cluster_mn = (config.cluster_m, config.cluster_n)
         self.num_mma_wg = config.mma_warpgroups
         self.pingpong = config.pingpong
@@ -281,7 +280,7 @@ class GemmSm90:
             state = self.load_k_tiles(tma_a, tma_b, tAsA, tBsB, tAgA[(None, m, None, l)],
                                       tBgB[(None, n, None, l)], a_mask, b_mask, mainloop, state,
                                       0, k_tiles)
-        if const_expr(self.overlap_next):
+        if const_expr(self.config.epilogue_mma):
             # The last tile's epilogue runs a next first k-tile too: any valid one (unused).
             m0, n0, l0 = tile_coords(cluster, cm_tiles, cn_tiles, self.config.swizzle,
                                      self.cluster_mn, cluster_coord[0], cluster_coord[1])
@@ -392,7 +391,7 @@ class GemmSm90:
                 for _ in range(k_tiles):
                     read.advance()
                     release.advance()
-        overlap = const_expr(self.overlap_next)
+        overlap = const_expr(cfg.epilogue_mma)
         if const_expr(overlap):  # the first tile's first k-tile (later ones run in an epilogue)
             tiled_mma, read, release = self.mma_k_tiles(tiled_mma, acc, mma_acc, tCrA, tCrB,
                                                         mainloop, read, release, 0, 1, k_tiles)
@@ -408,12 +407,12 @@ class GemmSm90:
                     cute.arch.barrier(barrier_id=3, number_of_threads=256)
             tiled_mma, read, release = self.mma_k_tiles(tiled_mma, acc, mma_acc, tCrA, tCrB,
                                                         mainloop, read, release,
-                                                        1 if const_expr(overlap) else 0, k_tiles,
+                                                        1 if overlap else 0, k_tiles,
                                                         k_tiles, zero=not overlap)
             if const_expr(self.pingpong):
                 if item + 1 < items:  # the other warpgroup has a next tile: its turn
                     cute.arch.barrier_arrive(barrier_id=3 + wg, number_of_threads=256)
-            next_k_tile = (tiled_mma, mma_acc, tCrA, tCrB, mainloop, read, release) if const_expr(overlap) else None
+            next_k_tile = (tiled_mma, mma_acc, tCrA, tCrB, mainloop, read, release) if overlap else None
             after = self.epilogue(acc, tRS_acc, tRS_coords, tRS_rD, tRS_rOut, tRS_sD, sD, gD, mD,
                                   tma_d, tiled_store, store_pipe, mC, mBias, mScaleA, mScaleB, alpha,
                                   beta, m, n, l, per_subtile, tiles_done, warp, store_warp,
