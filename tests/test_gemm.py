@@ -106,6 +106,18 @@ def test_kernel_refuses_a_scale_given_both_ways():
     GemmSm90(GemmConfig(128, 256, epilogue=Epilogue(row_scale=True, scalar_scale_b=True)))
 
 
+def test_kernel_refuses_epilogue_mma_where_nothing_is_free():
+    from cute_kernels.gemm.config import GemmConfig
+    from cute_kernels.gemm.kernel_sm90 import GemmSm90
+
+    for cfg in (GemmConfig(128, 256, epilogue_mma=True),  # no fold: one accumulator
+                GemmConfig(128, 96, pingpong=True, fp8_promote_every=1, epilogue_mma=True),
+                GemmConfig(128, 192, max_clusters=132, stream_k=True, fp8_promote_every=1, epilogue_mma=True)):
+        with pytest.raises(ValueError, match="epilogue_mma needs"):
+            GemmSm90(cfg)
+    GemmSm90(GemmConfig(128, 192, fp8_promote_every=1, epilogue_mma=True))
+
+
 @gpu
 @pytest.mark.parametrize("tile", [(64, 256, 1), (128, 192, 2), (128, 128, 1)])
 def test_pingpong_schedule(tile):
