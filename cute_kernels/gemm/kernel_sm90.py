@@ -573,9 +573,11 @@ class GemmSm90:
         """The tile's output from ``acc``, sub-tile by sub-tile. With ``next_k_tile`` = (MMA,
         MMA accumulator, A and B fragments, mainloop, read and release states) it also runs the
         next tile's first k-tile (fp8, a fold every k-tile, ``epilogue_mma``): its MMAs go to the
-        tensor cores while the sub-tiles are stored (from the first sub-tile on; with
-        ``fp8_split_n`` column half 0 from the middle one, where the registers allow) and become
-        ``acc`` at the end. Returns the MMA and the advanced states then."""
+        tensor cores while the sub-tiles are stored and become ``acc`` at the end. From the first
+        sub-tile on into the MMA accumulator; with ``fp8_split_n`` from the middle one, once the
+        sub-tiles before it have read column half 0 of ``acc``: that half's MMAs straight into
+        it (a tile's first k-tile needs no fold), half 1's into the MMA accumulator. Returns the
+        MMA and the advanced states then."""
         cfg, epi = self.config, self.config.epilogue
         halves = 2 if const_expr(cfg.fp8_split_n) else 1
         gD_tile = gD[(None, None, m, n, l)]
@@ -588,7 +590,11 @@ class GemmSm90:
         subtiles = cute.size(gD_sub, mode=[1])
         if const_expr(next_k_tile is not None):
             tiled_mma, mma_acc, tCrA, tCrB, mainloop, read, release = next_k_tile
-            issue_at = subtiles // 2 if const_expr(halves == 2) else 0
+            issue_at = 0
+            if const_expr(halves == 2):
+                issue_at = subtiles // 2
+                _check_first_half_read_first(acc, tRS_acc, issue_at * per_subtile)
+                acc_half0 = cute.make_tensor(acc[(None, 0, 0)].iterator, mma_acc.layout)
         sub_layout = cute.make_layout(gD_sub.shape[1], stride=(gD_sub.shape[1][1], 1))
         row0, col0 = m * cfg.tile_m, n * cfg.tile_n
         rows, cols = mD.shape[0], mD.shape[1]
@@ -596,7 +602,12 @@ class GemmSm90:
         for s in cutlass.range_constexpr(subtiles):
             if const_expr(next_k_tile is not None and s == issue_at):
                 mainloop.consumer_wait(read)
-                tiled_mma = self.issue_fold_mmas(tiled_mma, mma_acc, tCrA, tCrB, read.index, 0)
+                if const_expr(halves == 2):
+                    cute.nvgpu.warpgroup.fence()  # acc half 0 was read since the last fence
+                    tiled_mma = self.issue_fold_mmas(tiled_mma, acc_half0, tCrA, tCrB, read.index, 0)
+                    tiled_mma = self.issue_fold_mmas(tiled_mma, mma_acc, tCrA, tCrB, read.index, 1)
+                else:
+                    tiled_mma = self.issue_fold_mmas(tiled_mma, mma_acc, tCrA, tCrB, read.index, 0)
             for v in cutlass.range_constexpr(per_subtile):
                 tRS_rD[v] = tRS_acc[s * per_subtile + v]
             if const_expr(epi.bias or epi.residual or epi.row_scale or epi.col_scale):
@@ -616,15 +627,12 @@ class GemmSm90:
                 store_pipe.producer_acquire()
             cute.arch.barrier(barrier_id=epi_barrier, number_of_threads=128)
         if const_expr(next_k_tile is not None):
-            for h in cutlass.range_constexpr(halves):
-                if const_expr(h > 0):
-                    tiled_mma = self.issue_fold_mmas(tiled_mma, mma_acc, tCrA, tCrB, read.index, h)
-                cute.nvgpu.warpgroup.wait_group(0)
-                if const_expr(halves == 2):
-                    acc[(None, 0, h)].store(mma_acc[(None, 0, 0)].load())
-                else:
-                    acc.store(mma_acc.load())
-                cute.nvgpu.warpgroup.fence()
+            cute.nvgpu.warpgroup.wait_group(0)
+            if const_expr(halves == 2):
+                acc[(None, 0, 1)].store(mma_acc[(None, 0, 0)].load())
+            else:
+                acc.store(mma_acc.load())
+            cute.nvgpu.warpgroup.fence()
             mainloop.consumer_release(release)
             release.advance()
             read.advance()
@@ -663,6 +671,15 @@ class GemmSm90:
             if const_expr(epi.bias):
                 x = x + bias
             frag[v] = x
+
+
+def _check_first_half_read_first(acc, tRS_acc, values: int) -> None:
+    """Trace time: the first ``values`` values of the store view are column half 0 of ``acc``."""
+    read_first = {tRS_acc.layout(i) for i in range(values)}
+    half0 = {acc.layout((v, 0, 0)) for v in range(cute.size(acc) // 2)}
+    if read_first != half0:
+        raise ValueError(f"the epilogue's first {values} values are not column half 0 of the "
+                         f"accumulator {acc.layout} (store view {tRS_acc.layout})")
 
 
 @cute.jit
