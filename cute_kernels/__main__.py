@@ -91,9 +91,11 @@ def compile_only(everything: bool) -> int:
                 continue
             summary = report.summary()
             spills = report.spill_stores + report.spill_loads
-            failures += report.local_memory
+            failures += report.local_memory or bool(report.wgmma_serialized)
             print(f"{kernel.__name__:16s} {label:66s} {report.registers:4d} {spills:5d} "
                   f"{str(summary['wgmma']):>5s} {str(summary['tma']):>5s}  {report.seconds:.1f}")
+            for remark in report.wgmma_serialized:
+                print(f"    ptxas: {remark}")
     return failures
 
 

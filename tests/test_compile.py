@@ -85,6 +85,18 @@ def test_cross_entropy_configuration_compiles_without_spills(case):
 GEMM = gemm_op.compile_configurations()
 
 
+def test_compile_report_catches_serialized_wgmma():
+    # ptxas's remark when it cannot keep wgmma in flight (each one then waits for the last).
+    from cute_kernels.runtime.compile import _WGMMA_SERIALIZED
+
+    log = ("remark[ptxas info]: ptxas output: ptxas info    : (C7511) Potential Performance Loss: "
+           "wgmma.mma_async instructions are serialized due to insufficient register resources for "
+           "the wgmma pipeline in the function 'kernel_x' in line 1795\n"
+           "ptxas info    : Used 168 registers, used 16 barriers\n")
+    assert [m.split(")")[0] for m in _WGMMA_SERIALIZED.findall(log)] == ["(C7511"]
+    assert not _WGMMA_SERIALIZED.findall("ptxas info    : Used 168 registers, used 16 barriers")
+
+
 @pytest.mark.parametrize("case", GEMM, ids=[f"{c.tile_m}x{c.tile_n}-c{c.cluster_m}-{i}" for i, (_, c, _) in enumerate(GEMM)])
 def test_gemm_configuration_uses_wgmma_tma_and_no_spills(case):
     kernel, config, specs = case
@@ -95,3 +107,4 @@ def test_gemm_configuration_uses_wgmma_tma_and_no_spills(case):
     # Dependent launch: wait for the previous grid before any global access, release the next.
     assert report.has("griddepcontrol.wait") and report.has("griddepcontrol.launch_dependents")
     assert not report.local_memory, f"local memory / spills: {report.summary()}"
+    assert not report.wgmma_serialized, f"ptxas serialized the wgmma: {report.wgmma_serialized}"

@@ -286,6 +286,9 @@ class CompileReport:
     spill_loads: int
     stack_bytes: int
     seconds: float
+    # ptxas's "wgmma.mma_async instructions are serialized" remarks (C7510-C7515: each wgmma
+    # waits for the previous one, e.g. for want of registers), one line each.
+    wgmma_serialized: tuple = ()
 
     def has(self, instruction: str) -> bool:
         return instruction in self.ptx
@@ -308,6 +311,7 @@ class CompileReport:
             "registers": self.registers,
             "spills": self.spill_stores + self.spill_loads,
             "local_memory": self.local_memory,
+            "wgmma_serialized": bool(self.wgmma_serialized),
         }
 
 
@@ -317,6 +321,7 @@ _PTXAS_NUMBERS = {
     "spill_loads": re.compile(r"(\d+) bytes spill loads"),
     "stack_bytes": re.compile(r"(\d+) bytes stack frame"),
 }
+_WGMMA_SERIALIZED = re.compile(r"\(C75\d\d\)[^\n]*wgmma[^\n]*serialized[^\n]*")
 
 
 def inspect_kernel(kernel_cls: type, config, specs: tuple, arch: str = "sm_90a") -> CompileReport:
@@ -350,6 +355,7 @@ def inspect_kernel(kernel_cls: type, config, specs: tuple, arch: str = "sm_90a")
         arch=arch,
         ptx=ptx,
         seconds=time.perf_counter() - start,
+        wgmma_serialized=tuple(_WGMMA_SERIALIZED.findall(text)),
         **numbers,
     )
 
