@@ -60,6 +60,10 @@ def test_heuristic_fills_the_machine():
     assert (fast.tile_n, fast.fp8_split_n, fast.fp8_promote_every, fast.cluster_m) == (256, False, 0, 1)
     assert choose_config(4096, 4096, 4096, 1, 2, 132, fast_accum=True) == choose_config(4096, 4096, 4096, 1, 2, 132)
     assert choose_config(8192, 8192, 1024, 1, 2, 132).pingpong  # short K: epilogue hidden
+    assert choose_config(6144, 6144, 1024, 1, 2, 132).pingpong  # 12 waves of 128 x 192 vs 9
+    # ... unless its waves round worse than the cooperative 128 x 256's (6 vs 4).
+    assert not choose_config(4096, 4096, 1024, 1, 2, 132).pingpong
+    assert not choose_config(2048, 8192, 1024, 1, 2, 132).pingpong
     assert not choose_config(4096, 4096, 4096, 1, 2, 132).pingpong
     # Stream-K tail: bf16 with a last wave at most 75% full and K >= 2048 only.
     assert choose_config(4096, 4352, 4096, 1, 2, 132).stream_k  # 272 cluster tiles: 8 in the last wave
