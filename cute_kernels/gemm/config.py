@@ -113,14 +113,15 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
     # Short K (<= 1024) makes the epilogue a large share of each tile: the ping-pong schedule
     # hides it (128 x 192 per warpgroup), where there are many waves, N wastes little on
     # 192-wide tiles and its waves round no worse than the cooperative tile's, whose exposed
-    # epilogue is charged 5% at K = 1024 (twice that at 512). Measured ping-pong / cooperative
-    # 128 x 256: 1.06x at 8192 x 8192 x 1024 (21 vs 16 waves), 1.05x at 8192^2 x 512,
+    # epilogue is charged 8% at K = 1024 (twice that at 512). Measured ping-pong / cooperative
+    # 128 x 256 before the ping-pong hand-over moved ahead of the MMA drain (which gained
+    # ping-pong 3-5%): 1.06x at 8192 x 8192 x 1024 (21 vs 16 waves), 1.05x at 8192^2 x 512,
     # 1.01-1.03x at 4096 x 8192 x 1024 (11 vs 8), 1.03-1.08x at 6144^2 x 1024 (12 vs 9);
     # 0.93-0.94x at 4096^2 x 1024 and 2048 x 8192 x 1024 (6 vs 4), 0.96x at 4096^2 x 512.
     pingpong = (itemsize == 2 and m > 128 and k <= 1024 and tiles(128, 192) >= 4 * sm_count
                 and (-n % 192) * 32 <= n
                 and -(-tiles(128, 192) // sm_count) * 128 * 192
-                < cost((tile_m, tile_n)) * (1 + 0.05 * 1024 / k))
+                < cost((tile_m, tile_n)) * (1 + 0.08 * 1024 / k))
     if pingpong:
         tile_m, tile_n = 128, 192
     # fp8 folds the MMA accumulator into the fp32 one after every k-tile (128 values of K, as

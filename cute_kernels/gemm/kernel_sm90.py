@@ -7,7 +7,8 @@ Design:
     swizzled shared memory. Cooperative schedule: the MMA warpgroups split each tile (64 rows
     each). Ping-pong schedule (``config.pingpong``): each MMA warpgroup owns whole tiles
     (alternate tiles of the CTA) and named barriers hand the tensor cores from one to the
-    other, so one warpgroup's epilogue runs under the other's mainloop.
+    other as soon as one has issued its last MMAs (they drain under the other's first ones),
+    so one warpgroup's epilogue runs under the other's mainloop.
   - Persistent: a static schedule (scheduler.py) walks the output tiles in groups of
     ``swizzle`` cluster columns for L2 reuse; the producer runs ahead into the next tile
     while the MMA warpgroups run the epilogue of the current one. With ``stream_k`` the tiles
@@ -405,13 +406,14 @@ class GemmSm90:
                         cute.arch.barrier(barrier_id=4, number_of_threads=256)
                 else:
                     cute.arch.barrier(barrier_id=3, number_of_threads=256)
+            # Ping-pong: the other warpgroup's turn (if it has a next tile) once this one has
+            # issued its last MMAs, while they still run.
+            hand_over = (3 + wg, item + 1 < items) if const_expr(self.pingpong) else None
             tiled_mma, read, release = self.mma_k_tiles(tiled_mma, acc, mma_acc, tCrA, tCrB,
                                                         mainloop, read, release,
                                                         1 if overlap else 0, k_tiles,
-                                                        k_tiles, zero=not overlap)
-            if const_expr(self.pingpong):
-                if item + 1 < items:  # the other warpgroup has a next tile: its turn
-                    cute.arch.barrier_arrive(barrier_id=3 + wg, number_of_threads=256)
+                                                        k_tiles, zero=not overlap,
+                                                        hand_over=hand_over)
             next_k_tile = (tiled_mma, mma_acc, tCrA, tCrB, mainloop, read, release) if overlap else None
             after = self.epilogue(acc, tRS_acc, tRS_coords, tRS_rD, tRS_rOut, tRS_sD, sD, gD, mD,
                                   tma_d, tiled_store, store_pipe, mC, mBias, mScaleA, mScaleB, alpha,
@@ -449,11 +451,12 @@ class GemmSm90:
 
     @cute.jit
     def mma_k_tiles(self, tiled_mma, acc, mma_acc, tCrA, tCrB, mainloop, read, release, k_first,
-                    k_end, k_tiles, zero: cutlass.Constexpr = True):
+                    k_end, k_tiles, zero: cutlass.Constexpr = True, hand_over=None):
         """``acc`` <- the MMAs over k-tiles ``k_first .. k_end - 1`` of one tile (zero when the
-        range is empty; with ``zero=False`` added to ``acc``). Returns the MMA (its accumulate
-        flag changes here) and the advanced pipeline states, so that the caller's loops carry
-        them."""
+        range is empty; with ``zero=False`` added to ``acc``). ``hand_over`` = (named barrier,
+        condition): arrive on it once the last MMAs are issued, before waiting for them (if the
+        condition holds). Returns the MMA (its accumulate flag changes here) and the advanced
+        pipeline states, so that the caller's loops carry them."""
         promote = const_expr(self.config.fp8_promote_every)
         if const_expr(zero):
             acc.fill(0.0)
@@ -497,6 +500,9 @@ class GemmSm90:
                     cute.nvgpu.warpgroup.wait_group(0)
                     acc.store(acc.load() + mma_acc.load())
                     cute.nvgpu.warpgroup.fence()
+            if const_expr(hand_over is not None):
+                if hand_over[1]:
+                    cute.arch.barrier_arrive(barrier_id=hand_over[0], number_of_threads=256)
             cute.nvgpu.warpgroup.wait_group(0)
             if k_end > k_first:
                 mainloop.consumer_release(release)
