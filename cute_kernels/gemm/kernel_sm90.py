@@ -454,8 +454,8 @@ class GemmSm90:
                     k_end, k_tiles, zero: cutlass.Constexpr = True, hand_over=None):
         """``acc`` <- the MMAs over k-tiles ``k_first .. k_end - 1`` of one tile (zero when the
         range is empty; with ``zero=False`` added to ``acc``). ``hand_over`` = (named barrier,
-        condition): arrive on it once the last MMAs are issued, before waiting for them (if the
-        condition holds). Returns the MMA (its accumulate flag changes here) and the advanced
+        condition), ping-pong only (never with ``fp8_split_n``): arrive on it once the last MMAs
+        are issued, before waiting for them (if the condition holds). Returns the MMA (its accumulate flag changes here) and the advanced
         pipeline states, so that the caller's loops carry them."""
         promote = const_expr(self.config.fp8_promote_every)
         if const_expr(zero):
