@@ -60,6 +60,7 @@ def test_heuristic_fills_the_machine():
     assert (fast.tile_n, fast.fp8_split_n, fast.fp8_promote_every, fast.cluster_m) == (256, False, 0, 1)
     assert choose_config(4096, 4096, 4096, 1, 2, 132, fast_accum=True) == choose_config(4096, 4096, 4096, 1, 2, 132)
     assert choose_config(8192, 8192, 1024, 1, 2, 132).pingpong  # short K: epilogue hidden
+    assert choose_config(8192, 8192, 1024, 1, 2, 132).epi_stages == 3  # a fifth pipeline stage
     assert choose_config(6144, 6144, 1024, 1, 2, 132).pingpong  # 12 waves of 128 x 192 vs 9
     # ... unless its waves round worse than the cooperative 128 x 256's (6 vs 4).
     assert not choose_config(4096, 4096, 1024, 1, 2, 132).pingpong

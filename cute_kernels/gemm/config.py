@@ -76,6 +76,11 @@ FP8_TILE_EFFICIENCY = {(128, 256): 1.0, (128, 192): 1.0, (128, 128): 0.85}
 # fp8 without promotion (fast accumulation): 1314 / 1358 vs 1058 / 1030 TFLOP/s at 4096^3 /
 # 8192^3 (benchmarks/NOTES.md).
 FP8_FAST_TILE_EFFICIENCY = {(128, 256): 1.0, (128, 128): 0.8}
+# 16-bit ping-pong: three epilogue buffers per warpgroup instead of four leave room for a fifth
+# 40 KB pipeline stage of 128 x 192 tiles; the epilogue (slower with fewer stores in flight)
+# runs under the other warpgroup's mainloop. Measured 1.04-1.07x at 8192^2 x 512, 1.01x at
+# 16384 x 8192 x 1024, 0.99-1.01x at 8192^2 x 1024 and 4096 x 8192 x 1024 (benchmarks/NOTES.md).
+PINGPONG_EPI_STAGES = 3
 
 
 def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: int,
@@ -151,4 +156,5 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
     epilogue_mma = exact_fp8 and not stream_k and cluster_tiles >= 2 * clusters
     return GemmConfig(tile_m, tile_n, cluster_m, 1, 8, clusters,
                       epilogue=epilogue, fp8_promote_every=promote, fp8_split_n=split,
-                      pingpong=pingpong, stream_k=stream_k, epilogue_mma=epilogue_mma)
+                      pingpong=pingpong, stream_k=stream_k, epilogue_mma=epilogue_mma,
+                      epi_stages=PINGPONG_EPI_STAGES if pingpong else 4)

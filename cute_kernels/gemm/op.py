@@ -20,7 +20,7 @@ from ..runtime import (
 from ..runtime.arch import sm_count, target_arch
 from ..runtime.dtypes import dtype_name
 from ..runtime.errors import check_tensor, describe
-from .config import ACTIVATIONS, Epilogue, GemmConfig, choose_config
+from .config import ACTIVATIONS, PINGPONG_EPI_STAGES, Epilogue, GemmConfig, choose_config
 from .kernel_sm90 import GemmSm90
 from .tuning import tuned_config
 
@@ -469,7 +469,7 @@ def compile_configurations(quick: bool = False):
             found.append((GemmSm90, cfg, specs(cfg, (fp8_row, fp8_col, out, None, None, f32, f32))))
     # Ping-pong configurations that tuned=True may pick (bf16 and fp8).
     for cm in (1, 2):
-        cfg = GemmConfig(128, 192, cm, max_clusters=132 // cm, pingpong=True)
+        cfg = GemmConfig(128, 192, cm, max_clusters=132 // cm, pingpong=True, epi_stages=PINGPONG_EPI_STAGES)
         found.append((GemmSm90, cfg, specs(cfg, (bf16("row"), bf16("row"), out, None, None, None, None))))
         cfg = GemmConfig(128, 96, cm, max_clusters=132 // cm, pingpong=True, fp8_promote_every=1,
                          epilogue=Epilogue(row_scale=True, col_scale=True))

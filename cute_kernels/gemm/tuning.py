@@ -17,7 +17,7 @@ import threading
 import torch
 
 from ..runtime.compile import _file_lock, cache_dir, disk_cache_enabled, source_fingerprint
-from .config import GemmConfig
+from .config import PINGPONG_EPI_STAGES, GemmConfig
 
 _lock = threading.Lock()
 _memory: dict = {}
@@ -51,7 +51,8 @@ def candidates(base: GemmConfig, m: int, sms: int, fp8: bool = False) -> list[Ge
                                       == (base.tile_m, base.tile_n, base.cluster_m),
                                       fp8_split_n=split,
                                       fp8_promote_every=int(promote),
-                                      epilogue_mma=base.epilogue_mma and not pingpong)
+                                      epilogue_mma=base.epilogue_mma and not pingpong,
+                                      epi_stages=PINGPONG_EPI_STAGES if pingpong and not promote else 4)
             if cfg not in found:
                 found.append(cfg)
     return found
