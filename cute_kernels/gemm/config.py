@@ -157,4 +157,4 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
     return GemmConfig(tile_m, tile_n, cluster_m, 1, 8, clusters,
                       epilogue=epilogue, fp8_promote_every=promote, fp8_split_n=split,
                       pingpong=pingpong, stream_k=stream_k, epilogue_mma=epilogue_mma,
-                      epi_stages=PINGPONG_EPI_STAGES if pingpong else 4)
+                      epi_stages=PINGPONG_EPI_STAGES if pingpong else GemmConfig.epi_stages)

@@ -52,7 +52,8 @@ def candidates(base: GemmConfig, m: int, sms: int, fp8: bool = False) -> list[Ge
                                       fp8_split_n=split,
                                       fp8_promote_every=int(promote),
                                       epilogue_mma=base.epilogue_mma and not pingpong,
-                                      epi_stages=PINGPONG_EPI_STAGES if pingpong and not promote else 4)
+                                      epi_stages=PINGPONG_EPI_STAGES if pingpong and not promote
+                                      else GemmConfig.epi_stages)
             if cfg not in found:
                 found.append(cfg)
     return found
