@@ -413,7 +413,7 @@ class GemmSm90:
                                                         mainloop, read, release,
                                                         1 if overlap else 0, k_tiles,
                                                         k_tiles, zero=not overlap,
-                                                        hand_over=hand_over)
+                                                        hand_over=hand_over, nonempty=True)
             next_k_tile = (tiled_mma, mma_acc, tCrA, tCrB, mainloop, read, release) if overlap else None
             after = self.epilogue(acc, tRS_acc, tRS_coords, tRS_rD, tRS_rOut, tRS_sD, sD, gD, mD,
                                   tma_d, tiled_store, store_pipe, mC, mBias, mScaleA, mScaleB, alpha,
@@ -451,14 +451,19 @@ class GemmSm90:
 
     @cute.jit
     def mma_k_tiles(self, tiled_mma, acc, mma_acc, tCrA, tCrB, mainloop, read, release, k_first,
-                    k_end, k_tiles, zero: cutlass.Constexpr = True, hand_over=None):
+                    k_end, k_tiles, zero: cutlass.Constexpr = True, hand_over=None,
+                    nonempty: cutlass.Constexpr = False):
         """``acc`` <- the MMAs over k-tiles ``k_first .. k_end - 1`` of one tile (zero when the
-        range is empty; with ``zero=False`` added to ``acc``). ``hand_over`` = (named barrier,
-        condition), ping-pong only (never with ``fp8_split_n``): arrive on it once the last MMAs
-        are issued, before waiting for them (if the condition holds). Returns the MMA (its accumulate flag changes here) and the advanced
-        pipeline states, so that the caller's loops carry them."""
+        range is empty; with ``zero=False`` added to ``acc``; ``nonempty``: the caller
+        guarantees at least one k-tile). ``hand_over`` = (named barrier, condition), ping-pong
+        only (never with ``fp8_split_n``): arrive on it once the last MMAs are issued, before
+        waiting for them (if the condition holds). Returns the MMA (its accumulate flag changes
+        here) and the advanced pipeline states, so that the caller's loops carry them."""
         promote = const_expr(self.config.fp8_promote_every)
-        if const_expr(zero):
+        # Without a fold, and where the caller knows the range is not empty, the first MMA
+        # overwrites the accumulator instead of a fill on the way to the tensor cores.
+        first_overwrites = const_expr(zero and nonempty and promote == 0 and not self.config.fp8_split_n)
+        if const_expr(zero and not first_overwrites):
             acc.fill(0.0)
         tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
         cute.nvgpu.warpgroup.fence()
@@ -488,6 +493,8 @@ class GemmSm90:
                     for kb in cutlass.range_constexpr(k_blocks):
                         if const_expr(promote > 0):  # the window's first MMA overwrites
                             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True if kb > 0 else k > k0)
+                        elif const_expr(first_overwrites and kb < 2):
+                            tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True if kb > 0 else k > k_first)
                         cute.gemm(tiled_mma, mma_acc, tCrA[(None, None, kb, read.index)],
                                   tCrB[(None, None, kb, read.index)], mma_acc)
                     cute.nvgpu.warpgroup.commit_group()
