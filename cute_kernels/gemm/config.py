@@ -154,7 +154,7 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
     # fp8 exact: the next tile's first k-tile under each epilogue, where every CTA has at least
     # two tiles (measured +0.6-0.7% at 4096^3, +0.4-1.7% at 8192^3; -4% with one tile per CTA).
     epilogue_mma = exact_fp8 and not stream_k and cluster_tiles >= 2 * clusters
-    return GemmConfig(tile_m, tile_n, cluster_m, 1, 8, clusters,
+    return GemmConfig(tile_m, tile_n, cluster_m, 1, swizzle=8, max_clusters=clusters,
                       epilogue=epilogue, fp8_promote_every=promote, fp8_split_n=split,
                       pingpong=pingpong, stream_k=stream_k, epilogue_mma=epilogue_mma,
                       epi_stages=PINGPONG_EPI_STAGES if pingpong else GemmConfig.epi_stages)
