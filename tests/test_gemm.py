@@ -79,6 +79,21 @@ def test_heuristic_fills_the_machine():
     assert not fast.epilogue_mma and not big.epilogue_mma  # no fold: nothing free to run
 
 
+def test_heuristic_choices_are_valid_launches():
+    # Every choice passes the kernel's own checks and launches at most one CTA per SM (catches a
+    # field landing in the wrong place, e.g. an uncapped grid under a stream-K tail).
+    from cute_kernels.gemm.kernel_sm90 import GemmSm90
+
+    shapes = [(m, n, k) for m in (1, 100, 128, 1000, 4096, 8192) for n in (64, 4352, 8192)
+              for k in (64, 1024, 4096, 8192)]
+    for m, n, k in shapes:
+        for itemsize, fast_accum in ((2, False), (1, False), (1, True)):
+            cfg = choose_config(m, n, k, 1, itemsize, 132, fast_accum=fast_accum)
+            GemmSm90(cfg)
+            assert cfg.swizzle == 8 and cfg.cluster_n == 1, cfg
+            assert cfg.max_clusters * cfg.cluster_m <= 132, cfg
+
+
 def test_tuning_candidates():
     from cute_kernels.gemm.tuning import candidates
 
