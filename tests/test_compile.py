@@ -108,3 +108,11 @@ def test_gemm_configuration_uses_wgmma_tma_and_no_spills(case):
     assert report.has("griddepcontrol.wait") and report.has("griddepcontrol.launch_dependents")
     assert not report.local_memory, f"local memory / spills: {report.summary()}"
     assert not report.wgmma_serialized, f"ptxas serialized the wgmma: {report.wgmma_serialized}"
+
+
+def test_inspect_keeps_the_machine_code_on_request():
+    # benchmarks/dump_sass.py disassembles these images; without the request none are kept.
+    kernel, config, specs = SOFTMAX[0]
+    report = inspect_kernel(kernel, config, specs, arch="sm_90a", keep_cubin=True)
+    assert report.cubins and all(image[:4] == b"\x7fELF" for image in report.cubins)
+    assert not inspect_kernel(kernel, config, specs, arch="sm_90a").cubins

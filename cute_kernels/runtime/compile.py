@@ -289,6 +289,7 @@ class CompileReport:
     # ptxas's "wgmma.mma_async instructions are serialized" remarks (C7510-C7515: each wgmma
     # waits for the previous one, e.g. for want of registers), one line each.
     wgmma_serialized: tuple = ()
+    cubins: tuple = ()  # the ELF images, with ``inspect_kernel(..., keep_cubin=True)`` only
 
     def has(self, instruction: str) -> bool:
         return instruction in self.ptx
@@ -324,14 +325,17 @@ _PTXAS_NUMBERS = {
 _WGMMA_SERIALIZED = re.compile(r"\(C75\d\d\)[^\n]*wgmma[^\n]*serialized[^\n]*")
 
 
-def inspect_kernel(kernel_cls: type, config, specs: tuple, arch: str = "sm_90a") -> CompileReport:
-    """Compile one configuration with the PTX kept and the ptxas report captured.
+def inspect_kernel(kernel_cls: type, config, specs: tuple, arch: str = "sm_90a",
+                   keep_cubin: bool = False) -> CompileReport:
+    """Compile one configuration with the PTX kept and the ptxas report captured (and with
+    ``keep_cubin`` the machine code, for a disassembler: ``benchmarks/dump_sass.py``).
 
     Works without a GPU. Not cached: this is for compile tests and the self-check.
     """
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cute_kernels_ptx_") as dump:
-        options = _compile_options(arch, f"--keep-ptx --dump-dir {dump} remarks{{ptx}}")
+        keep = "--keep-ptx --keep-cubin" if keep_cubin else "--keep-ptx"
+        options = _compile_options(arch, f"{keep} --dump-dir {dump} remarks{{ptx}}")
         log = io.StringIO()
         try:
             with contextlib.redirect_stderr(log), contextlib.redirect_stdout(log):
@@ -342,6 +346,7 @@ def inspect_kernel(kernel_cls: type, config, specs: tuple, arch: str = "sm_90a")
                 f"{type(exc).__name__}: {exc}"
             ) from exc
         ptx = "\n".join(p.read_text() for p in sorted(Path(dump).rglob("*.ptx")))
+        cubins = tuple(p.read_bytes() for p in sorted(Path(dump).rglob("*.cubin")))
     text = log.getvalue()
     numbers = {}
     for name, pattern in _PTXAS_NUMBERS.items():
@@ -356,6 +361,7 @@ def inspect_kernel(kernel_cls: type, config, specs: tuple, arch: str = "sm_90a")
         ptx=ptx,
         seconds=time.perf_counter() - start,
         wgmma_serialized=tuple(_WGMMA_SERIALIZED.findall(text)),
+        cubins=cubins,
         **numbers,
     )
 
