@@ -153,7 +153,7 @@ def test_pingpong_schedule(tile):
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
     cfg = GemmConfig(tm, tn, cm, max_clusters=16, pingpong=True,
-                     epilogue=Epilogue(bias=True, residual=True, activation="gelu_tanh"))
+                     epilogue=Epilogue(bias=True, residual=True, activation="gelu_tanh", alpha=True))
     compiled_gemm(cfg, kernel_specs(a, b, d, c, bias, None, None, cfg))(a, b, d, c, bias, None, None, 0.5, 0.25)
     z = 0.5 * ref_mm(a, b) + 0.25 * c.double() + bias.double()
     check(d, a, b, extra=F.gelu(z, approximate="tanh"))
@@ -180,7 +180,7 @@ def test_stream_k_tail(kind, clusters):
         cfg = GemmConfig(*tile, max_clusters=clusters, epilogue=epi, fp8_promote_every=1,
                          fp8_split_n=tile[1] == 256, stream_k=True)
     else:
-        epi = Epilogue(bias=True, residual=True, activation="gelu_tanh")
+        epi = Epilogue(bias=True, residual=True, activation="gelu_tanh", alpha=True)
         cfg = GemmConfig(*tile, max_clusters=clusters, epilogue=epi, stream_k=True)
 
     def inputs():
@@ -425,9 +425,26 @@ def test_repeated_calls_use_a_plan_and_stay_correct():
     for a in (aligned, aligned, misaligned, aligned):
         check(ck.gemm(a, b), a, b)
     bias = torch.randn(200, device="cuda", dtype=torch.bfloat16)
-    for _ in range(2):
-        y = ck.gemm(aligned, b, bias=bias, alpha=0.5, activation="relu")
-        check(y, aligned, b, extra=torch.relu(0.5 * ref_mm(aligned, b) + bias.double()))
+    for alpha in (0.5, 1.0, 0.5, -2.0, 1.0):  # alpha = 1 compiles without the multiply
+        y = ck.gemm(aligned, b, bias=bias, alpha=alpha, activation="relu")
+        check(y, aligned, b, extra=torch.relu(alpha * ref_mm(aligned, b) + bias.double()))
+
+
+@gpu
+def test_unit_alpha_kernel_refuses_other_alphas():
+    from cute_kernels.gemm.config import GemmConfig
+    from cute_kernels.gemm.op import compiled_gemm, kernel_specs
+
+    a = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(64, 64, device="cuda", dtype=torch.bfloat16)
+    d = torch.full((64, 64), float("nan"), device="cuda", dtype=torch.bfloat16)
+    cfg = GemmConfig(64, 128, max_clusters=132)
+    launch = compiled_gemm(cfg, kernel_specs(a, b, d, None, None, None, None, cfg))
+    with pytest.raises(ValueError, match="alpha=0.5"):
+        launch(a, b, d, None, None, None, None, 0.5, 0.0)
+    assert d.isnan().all()
+    launch(a, b, d, None, None, None, None, 1.0, 0.0)
+    check(d, a, b)
 
 
 @gpu

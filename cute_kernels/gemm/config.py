@@ -14,7 +14,9 @@ ACTIVATIONS = (None, "relu", "gelu_tanh", "silu")
 @dataclass(frozen=True)
 class Epilogue:
     """What the epilogue applies to the fp32 accumulator, in this order:
-    ``alpha * acc (+ beta * C) (+ bias[col])``, then the activation, then the output cast."""
+    ``alpha * acc (+ beta * C) (+ bias[col])``, then the activation, then the output cast.
+    Without ``alpha`` the kernel takes alpha to be 1 and skips the multiply (its launcher
+    refuses any other value)."""
 
     bias: bool = False
     residual: bool = False  # beta * C
@@ -25,6 +27,12 @@ class Epilogue:
     # folded into alpha; exclusive with the vector form of the same operand.
     scalar_scale_a: bool = False
     scalar_scale_b: bool = False
+    alpha: bool = False  # acc * alpha for a runtime alpha other than 1
+
+    @property
+    def multiplies(self) -> bool:
+        """Whether every value is multiplied by one scalar (alpha and the per-tensor scales)."""
+        return self.alpha or self.scalar_scale_a or self.scalar_scale_b
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,9 @@ Design:
     grid (``griddepcontrol.wait``) before any global memory access, and lets the next kernel
     launch once its producer has issued its last loads.
   - Epilogue: accumulators -> ``alpha * acc (+ beta * C) (+ bias)`` -> activation -> output
-    dtype, staged through shared memory (stmatrix) and written by TMA store in 64-row x
-    32-column sub-tiles; each MMA warpgroup stores its own rows (own buffers, barrier and store
+    dtype (alpha only where ``Epilogue.multiplies``: not 1, or a per-tensor scale folded in),
+    staged through shared memory (stmatrix) and written by TMA store in 64-row x 32-column
+    sub-tiles; each MMA warpgroup stores its own rows (own buffers, barrier and store
     warp), so in the cooperative schedule one warpgroup may start the next tile's MMAs while
     the other still stores.
   - fp8 (e4m3 / e5m2): MMA results are folded into a separate fp32 accumulator every
@@ -627,8 +628,10 @@ class GemmSm90:
                 self._apply_operands(tRS_rD, tRS_coords, s * per_subtile, row_scales, mC, mBias,
                                      mScaleA, mScaleB, alpha, beta, row0, col0, rows, cols, l)
                 x = tRS_rD.load()
-            else:
+            elif const_expr(epi.multiplies):
                 x = tRS_rD.load() * alpha
+            else:
+                x = tRS_rD.load()
             tRS_rOut.store(_activation(x, epi.activation).to(self.d_dtype))
             buffer = buffer_base + (tiles_done * subtiles + s) % self.config.epi_stages
             cute.copy(tiled_store, tRS_rOut, tRS_sD[(None, None, None, buffer)])
@@ -665,7 +668,7 @@ class GemmSm90:
         for v in range(cute.size(frag)):
             r, c = coords.layout(offset + v)
             row, col = row0 + base_r + r, col0 + base_c + c
-            x = frag[v] * alpha
+            x = frag[v] * alpha if const_expr(epi.multiplies) else frag[v]
             if const_expr(epi.row_scale):
                 if r not in row_scales:
                     row_scales[r] = _load_or(mScaleA, (row,), row < rows, 0.0)

@@ -101,18 +101,28 @@ def compiled_gemm(config: GemmConfig, specs: tuple):
     torch's caching allocator at every launch (``tile_m * tile_n`` fp32 values and one int64
     flag per CTA of the grid) and a new token."""
     kernel = get_kernel(GemmSm90, config, specs)
+    unit_alpha = not config.epilogue.alpha
     if not config.stream_k:
         def launch(a, b, d, c, bias, scale_a, scale_b, alpha, beta):
+            if unit_alpha and alpha != 1.0:
+                raise _alpha_error(alpha)
             kernel(a, b, d, c, bias, scale_a, scale_b, None, None, alpha, beta, 0)
         return launch
     ctas = config.cluster_m * config.cluster_n * config.max_clusters
 
     def launch_stream_k(a, b, d, c, bias, scale_a, scale_b, alpha, beta):
+        if unit_alpha and alpha != 1.0:
+            raise _alpha_error(alpha)
         work = torch.empty(ctas * config.tile_m * config.tile_n, dtype=torch.float32,
                            device=d.device)
         flags = torch.empty(ctas, dtype=torch.int64, device=d.device)
         kernel(a, b, d, c, bias, scale_a, scale_b, work, flags, alpha, beta, next(_tokens))
     return launch_stream_k
+
+
+def _alpha_error(alpha) -> ValueError:
+    return ValueError(f"alpha={alpha}: this kernel was compiled for alpha = 1 "
+                      f"(Epilogue(alpha=True) takes any alpha)")
 
 
 def _padded_row_major(t: torch.Tensor, cols_multiple: int) -> torch.Tensor:
@@ -140,26 +150,28 @@ def gemm_out(a, b, d, c, bias, scale_a, scale_b, alpha: float, beta: float, acti
         gemm_out(a, b, staged, c, bias, scale_a, scale_b, alpha, beta, activation, tuned, fast_accum)
         d.copy_(staged)
         return
-    _kernel_for(a, b, d, c, bias, scale_a, scale_b, activation, tuned, fast_accum)(
+    _kernel_for(a, b, d, c, bias, scale_a, scale_b, activation, tuned, fast_accum, alpha != 1.0)(
         a, b, d, c, bias, scale_a, scale_b, alpha, beta)
 
 
-def _kernel_for(a, b, d, c, bias, scale_a, scale_b, activation, tuned=False, fast_accum=False):
+def _kernel_for(a, b, d, c, bias, scale_a, scale_b, activation, tuned=False, fast_accum=False,
+                scaled=False):
     """The compiled kernel for these operands: configuration from ``choose_config``, or with
-    ``tuned`` the fastest of a few timed on these operands (``tuning.py``)."""
+    ``tuned`` the fastest of a few timed on these operands (``tuning.py``). ``scaled``: alpha
+    is not 1 (otherwise the epilogue skips the multiply)."""
     m, k = a.shape[-2:]
     n = b.shape[-1]
     batch = a.shape[0] if a.dim() == 3 else 1
     key = (a.dim(), a.dtype, b.dtype, d.dtype, _major(a), _major(b), m, n, k, batch,
            None if c is None else (c.dtype, c.dim()), None if bias is None else bias.dtype,
-           _scale_kind(scale_a), _scale_kind(scale_b), activation, fast_accum, tuned)
+           _scale_kind(scale_a), _scale_kind(scale_b), activation, fast_accum, scaled, tuned)
     fn = _kernels.get(key)
     if fn is None:
         epilogue = Epilogue(bias is not None, c is not None, activation,
                             row_scale=_scale_kind(scale_a) == "vector",
                             col_scale=_scale_kind(scale_b) == "vector",
                             scalar_scale_a=_scale_kind(scale_a) == "tensor",
-                            scalar_scale_b=_scale_kind(scale_b) == "tensor")
+                            scalar_scale_b=_scale_kind(scale_b) == "tensor", alpha=scaled)
         sms = sm_count(a.device.index or 0)
         config = choose_config(m, n, k, batch, a.element_size(), sms, epilogue, fast_accum)
         if tuned:
@@ -337,7 +349,8 @@ def gemm(a, b, *, bias=None, alpha: float = 1.0, beta: float = 0.0, c=None, acti
     if (c is None and out is None and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
             and (bias is None or isinstance(bias, torch.Tensor)) and not torch.compiler.is_compiling()):
         key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device, out_dtype,
-               activation, tuned, None if bias is None else (bias.shape, bias.dtype, bias.device))
+               activation, tuned, alpha == 1.0,
+               None if bias is None else (bias.shape, bias.dtype, bias.device))
         plan = _plans.get(key)
         if plan is not None and not (torch.is_grad_enabled() and (
                 a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad))):
@@ -380,7 +393,8 @@ def gemm(a, b, *, bias=None, alpha: float = 1.0, beta: float = 0.0, c=None, acti
         if ready_a is a and ready_b is b:  # TMA reads the operands as they are: no copies to plan
             n = d.shape[-1]
             alloc = (*d.shape[:-1], -(-n * out_dtype.itemsize // 16) * 16 // out_dtype.itemsize)
-            _plans[key] = (_kernel_for(a, b, d, None, bias, None, None, activation, tuned), alloc, out_dtype, n)
+            _plans[key] = (_kernel_for(a, b, d, None, bias, None, None, activation, tuned,
+                                       scaled=float(alpha) != 1.0), alloc, out_dtype, n)
     return d
 
 
@@ -445,7 +459,8 @@ def compile_configurations(quick: bool = False):
             cfg = GemmConfig(tm, tn, cm, max_clusters=132 // cm)
             found.append((GemmSm90, cfg, specs(cfg, (bf16(a_major), bf16(b_major), out, None, None, None, None))))
     for epi in (Epilogue(bias=True, activation="gelu_tanh"), Epilogue(residual=True, activation="relu"),
-                Epilogue(bias=True, residual=True, activation="silu")):
+                Epilogue(bias=True, residual=True, activation="silu"), Epilogue(alpha=True),
+                Epilogue(bias=True, residual=True, alpha=True)):
         cfg = GemmConfig(128, 256, max_clusters=132, epilogue=epi)
         found.append((GemmSm90, cfg, specs(cfg, (bf16("row"), bf16("row"), out, free(2) if epi.residual else None,
                                                 free(1) if epi.bias else None, None, None))))
