@@ -138,6 +138,20 @@ def test_kernel_refuses_epilogue_mma_where_nothing_is_free():
     GemmSm90(GemmConfig(128, 192, fp8_promote_every=1, epilogue_mma=True))
 
 
+def test_kernel_refuses_tiles_beyond_the_registers():
+    from cute_kernels.gemm.config import GemmConfig
+    from cute_kernels.gemm.kernel_sm90 import GemmSm90
+
+    for cfg in (GemmConfig(256, 256), GemmConfig(256, 208), GemmConfig(128, 256, pingpong=True),
+                GemmConfig(128, 128, fp8_promote_every=1, pingpong=True), GemmConfig(512, 128),
+                GemmConfig(192, 128)):
+        with pytest.raises(ValueError, match="tile_m|accumulator"):
+            GemmSm90(cfg)
+    for cfg in (GemmConfig(256, 192), GemmConfig(256, 192, 1, 2), GemmConfig(128, 192, pingpong=True),
+                GemmConfig(128, 256, fp8_promote_every=1, fp8_split_n=True), GemmConfig(256, 96, fp8_promote_every=1)):
+        GemmSm90(cfg)
+
+
 @gpu
 @pytest.mark.parametrize("tile", [(64, 256, 1), (128, 192, 2), (128, 128, 1)])
 def test_pingpong_schedule(tile):
@@ -160,7 +174,33 @@ def test_pingpong_schedule(tile):
 
 
 @gpu
-@pytest.mark.parametrize("kind", ["bf16", "bf16-cluster2", "bf16-one-warpgroup", "fp8-split", "fp8-128x192-cluster2"])
+@pytest.mark.parametrize("cluster", [(1, 1), (2, 1), (1, 2)])
+@pytest.mark.parametrize("majors", [("row", "row"), ("col", "col")])
+def test_256_row_tiles(cluster, majors):
+    # 128 rows per MMA warpgroup (two m64 MMAs per k-block): ragged M, N and K, both operand
+    # layouts, the full epilogue, several tiles per CTA, a poisoned output.
+    from cute_kernels.gemm.config import Epilogue, GemmConfig
+    from cute_kernels.gemm.op import compiled_gemm, kernel_specs
+
+    m, n, k = 1000, 2904, 328
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+    if majors[0] == "col":
+        a = a.t().contiguous().t()
+    if majors[1] == "col":
+        b = b.t().contiguous().t()
+    c = torch.randn(m, n, device="cuda", dtype=torch.float32)
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    cfg = GemmConfig(256, 192, *cluster, max_clusters=5,
+                     epilogue=Epilogue(bias=True, residual=True, activation="silu", alpha=True))
+    compiled_gemm(cfg, kernel_specs(a, b, d, c, bias, None, None, cfg))(a, b, d, c, bias, None, None, 0.5, 0.25)
+    check(d, a, b, extra=F.silu(0.5 * ref_mm(a, b) + 0.25 * c.double() + bias.double()))
+
+
+@gpu
+@pytest.mark.parametrize("kind", ["bf16", "bf16-cluster2", "bf16-one-warpgroup", "bf16-256x192-cluster2",
+                                  "bf16-256x192-cluster1x2", "fp8-split", "fp8-128x192-cluster2"])
 @pytest.mark.parametrize("clusters", [7, 13])
 def test_stream_k_tail(kind, clusters):
     # The last partial wave cut along K: 96 tiles of 128 x 256 (1000 x 2896, K = 1040: 17 k-tiles)
@@ -174,6 +214,7 @@ def test_stream_k_tail(kind, clusters):
     m, n, k = 1000, 2896, 1040
     fp8 = kind.startswith("fp8")
     tile = {"bf16": (128, 256, 1), "bf16-cluster2": (128, 256, 2), "bf16-one-warpgroup": (64, 128, 2),
+            "bf16-256x192-cluster2": (256, 192, 2), "bf16-256x192-cluster1x2": (256, 192, 1, 2),
             "fp8-split": (128, 256, 1), "fp8-128x192-cluster2": (128, 192, 2)}[kind]
     if fp8:
         epi = Epilogue(row_scale=True, col_scale=True)

@@ -37,7 +37,7 @@ class Epilogue:
 
 @dataclass(frozen=True)
 class GemmConfig:
-    tile_m: int  # 64 (one MMA warpgroup) or 128 (two, cooperative: 64 rows each)
+    tile_m: int  # 64 (one MMA warpgroup), 128 or 256 (two, cooperative: 64 / 128 rows each)
     tile_n: int  # 64 .. 256, multiple of 16
     cluster_m: int = 1  # CTAs along M sharing B tiles (TMA multicast)
     cluster_n: int = 1  # CTAs along N sharing A tiles
@@ -66,7 +66,7 @@ class GemmConfig:
 
     @property
     def mma_warpgroups(self) -> int:
-        return self.warpgroups or (2 if self.pingpong else self.tile_m // 64)
+        return self.warpgroups or (2 if self.pingpong or self.tile_m > 64 else 1)
 
     @property
     def threads(self) -> int:

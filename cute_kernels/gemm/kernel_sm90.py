@@ -4,11 +4,12 @@ Design:
   - Warp specialization: warpgroup 0 is the producer (one warp issues TMA loads of A and B
     tiles into a multi-stage mbarrier pipeline; its registers are cut to 40 with setmaxnreg);
     one or two MMA warpgroups (232 registers) consume the stages with wgmma, both operands from
-    swizzled shared memory. Cooperative schedule: the MMA warpgroups split each tile (64 rows
-    each). Ping-pong schedule (``config.pingpong``): each MMA warpgroup owns whole tiles
-    (alternate tiles of the CTA) and named barriers hand the tensor cores from one to the
-    other as soon as one has issued its last MMAs (they drain under the other's first ones),
-    so one warpgroup's epilogue runs under the other's mainloop.
+    swizzled shared memory. Cooperative schedule: the MMA warpgroups split each tile (64 or
+    128 rows each; 128 rows are two m64 MMAs per k-block). Ping-pong schedule
+    (``config.pingpong``): each MMA warpgroup owns whole tiles (alternate tiles of the CTA)
+    and named barriers hand the tensor cores from one to the other as soon as one has issued
+    its last MMAs (they drain under the other's first ones), so one warpgroup's epilogue runs
+    under the other's mainloop.
   - Persistent: a static schedule (scheduler.py) walks the output tiles in groups of
     ``swizzle`` cluster columns for L2 reuse; the producer runs ahead into the next tile
     while the MMA warpgroups run the epilogue of the current one. With ``stream_k`` the tiles
@@ -45,7 +46,8 @@ go straight to the TMA descriptors).
 Constraints:
   - 16-bit (fp16 / bf16) or 8-bit float A and B of the same width; fp8 needs K-major A and B
   - the contiguous dim of every operand holds a multiple of 16 bytes; the other strides too
-  - tile M 64 / 128, tile N a multiple of 16 up to 256; clusters of at most 2 x 2
+  - tile M 64 / 128 / 256 with 64 or 128 rows per MMA warpgroup, tile N a multiple of 16 up to
+    256; at most 192 fp32 accumulator values per thread in total; clusters of at most 2 x 2
   - ping-pong: two MMA warpgroups, each holding a whole tile's accumulators (at most 192 fp32
     values per thread, two fp32 accumulators for fp8)
   - ``fp8_split_n``: fp8, cooperative schedule, a fold every k-tile, tile N a multiple of 32
@@ -106,11 +108,22 @@ class GemmSm90:
         self.pingpong = config.pingpong
         # Warpgroups that share one output tile: all of them (cooperative) or one (ping-pong).
         self.tile_wgs = 1 if self.pingpong else self.num_mma_wg
-        self.atom_layout_mnk = (self.tile_wgs, 1, 1)
+        # Each MMA warpgroup owns a block of rows of the tile (all of it in ping-pong): its
+        # MMAs read that block of the A stage, and it stores those rows of the output (own
+        # buffers, barrier and store warp), so one warpgroup's epilogue never waits for the
+        # other's. 128 rows are two m64 MMA atoms per k-block.
+        self.wg_rows = config.tile_m // self.tile_wgs
+        if self.wg_rows not in (64, 128) or self.tile_wgs * self.wg_rows != config.tile_m:
+            raise ValueError(f"tile_m={config.tile_m} with {self.tile_wgs} warpgroup(s) per tile: "
+                             f"each needs 64 or 128 rows: {config}")
+        # fp32 accumulator values per thread: the tile's, and the MMA accumulator's where fp8
+        # folds (a column half with fp8_split_n); more than 192 do not fit next to addresses.
+        values = self.wg_rows * config.tile_n // 128
+        if config.fp8_promote_every:
+            values += values // 2 if config.fp8_split_n else values
+        if values > 192:
+            raise ValueError(f"{values} fp32 accumulator values per thread (at most 192): {config}")
         self.threads = config.threads
-        # Every MMA warpgroup stores its own 64-row slices of the output (own buffers, barrier
-        # and store warp), so one warpgroup's epilogue never waits for the other's.
-        self.epi_mma_layout = (1, 1, 1)
 
     # ------------------------------------------------------------------ host side
 
@@ -121,14 +134,10 @@ class GemmSm90:
         self.b_layout = tensor_utils.LayoutEnum.from_tensor(b)
         self.d_layout = tensor_utils.LayoutEnum.from_tensor(d)
         mma_n = cfg.tile_n // 2 if cfg.fp8_split_n else cfg.tile_n
+        # One warpgroup's MMA (its block of rows against all of B's columns, or a column half).
         self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.a_dtype, self.b_dtype, self.a_layout.sm90_mma_major_mode(),
-            self.b_layout.sm90_mma_major_mode(), Float32, self.atom_layout_mnk, tiler_mn=(64, mma_n),
-        )
-        # One warpgroup's view of the same MMA: its accumulator layout drives the epilogue copies.
-        self.wg_mma = sm90_utils.make_trivial_tiled_mma(
-            self.a_dtype, self.b_dtype, self.a_layout.sm90_mma_major_mode(),
-            self.b_layout.sm90_mma_major_mode(), Float32, self.epi_mma_layout, tiler_mn=(64, mma_n),
+            self.b_layout.sm90_mma_major_mode(), Float32, (1, 1, 1), tiler_mn=(64, mma_n),
         )
         mma_k = cute.size(self.tiled_mma.shape_mnk, mode=[2])
         self.tile_mnk = (cfg.tile_m, cfg.tile_n, mma_k * 4)
@@ -198,7 +207,7 @@ class GemmSm90:
         self.storage = Storage
         self.kernel(
             tma_a, tma_tensor_a, tma_b, tma_tensor_b, tma_d, tma_tensor_d, c, mBias, mScaleA,
-            mScaleB, mWork, mFlags, alpha, beta, token, self.tiled_mma, self.wg_mma,
+            mScaleB, mWork, mFlags, alpha, beta, token, self.tiled_mma,
             self.cta_layout_mnk, self.a_smem_staged, self.b_smem_staged, self.epi_smem_staged,
             schedule,
         ).launch(grid=grid, block=[self.threads, 1, 1], cluster=(*self.cluster_mn, 1),
@@ -209,7 +218,7 @@ class GemmSm90:
     @cute.kernel
     def kernel(self, tma_a, mA, tma_b, mB, tma_d, mD, mC, mBias, mScaleA, mScaleB, mWork, mFlags,
                alpha: Float32, beta: Float32, token: cutlass.Int64, tiled_mma: cute.TiledMma,
-               wg_mma: cute.TiledMma, cta_layout_mnk: cute.Layout,
+               cta_layout_mnk: cute.Layout,
                a_smem_staged: cute.ComposedLayout, b_smem_staged: cute.ComposedLayout,
                epi_smem_staged: cute.ComposedLayout, schedule):
         tidx, _, _ = cute.arch.thread_idx()
@@ -255,7 +264,7 @@ class GemmSm90:
                           k_tiles, schedule)
         else:
             cute.arch.setmaxregister_increase(MMA_REGISTERS)
-            self.mma_and_epilogue(tiled_mma, wg_mma, sA, sB, sD, gD, mD, tma_d, mC, mBias, mScaleA,
+            self.mma_and_epilogue(tiled_mma, sA, sB, sD, gD, mD, tma_d, mC, mBias, mScaleA,
                                   mScaleB, mWork, mFlags, alpha, beta, token, mainloop, k_tiles,
                                   schedule, cluster_coord, rank, tidx - 128, warp)
 
@@ -317,28 +326,32 @@ class GemmSm90:
         return state
 
     @cute.jit
-    def mma_and_epilogue(self, tiled_mma, wg_mma, sA, sB, sD, gD, mD, tma_d, mC, mBias, mScaleA, mScaleB,
+    def mma_and_epilogue(self, tiled_mma, sA, sB, sD, gD, mD, tma_d, mC, mBias, mScaleA, mScaleB,
                          mWork, mFlags, alpha: Float32, beta: Float32, token, mainloop, k_tiles,
                          schedule, cluster_coord, rank, tidx, warp):
         """MMA warpgroups: wgmma over the k-tiles, then the epilogue, tile after tile.
 
-        Cooperative: every MMA warpgroup works on every tile (64 rows each). Ping-pong:
+        Cooperative: every MMA warpgroup works on every tile (64 or 128 rows each). Ping-pong:
         warpgroup w takes this CTA's tiles w, w + 2, ...; named barriers make the two take turns
         on the tensor cores, so one's epilogue runs under the other's mainloop. Each skips the
         other's k-tiles in its pipeline states."""
         cfg = self.config
         wg = cute.arch.make_warp_uniform(tidx // 128)
-        tile_tidx = tidx % 128 if const_expr(self.pingpong) else tidx  # among the tile's threads
-        operand_slice = 0 if const_expr(self.pingpong) else cute.make_layout(self.num_mma_wg, stride=128)(wg)
-        thr_mma = tiled_mma.get_slice(operand_slice)
-        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA))
+        # This warpgroup's block of tile rows (cooperative) and its A operand in every stage.
+        row_block = 0 if const_expr(self.pingpong) else wg
+        sA_rows = sA
+        if const_expr(self.tile_wgs > 1):
+            sA_rows = cute.local_tile(sA, (self.wg_rows, self.tile_mnk[2], self.ab_stages), (row_block, 0, 0))
+        thr_mma = tiled_mma.get_slice(0)  # the warpgroup's operand descriptors
+        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA_rows))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
-        acc = cute.make_rmem_tensor(thr_mma.partition_C(gD).shape[:3], Float32)
+        wg_tile = cute.make_identity_tensor((self.wg_rows, cfg.tile_n))
+        acc = cute.make_rmem_tensor(thr_mma.partition_C(wg_tile).shape, Float32)
         promote = const_expr(cfg.fp8_promote_every)
         split = const_expr(cfg.fp8_split_n)
         mma_acc = acc
-        if const_expr(split):  # one column half: (V, 1, 1)
-            half_tile = cute.make_identity_tensor((64 * self.tile_wgs, cfg.tile_n // 2))
+        if const_expr(split):  # one column half
+            half_tile = cute.make_identity_tensor((self.wg_rows, cfg.tile_n // 2))
             mma_acc = cute.make_rmem_tensor(thr_mma.partition_C(half_tile).shape, Float32)
         elif const_expr(promote > 0):
             mma_acc = cute.make_rmem_tensor(acc.shape, Float32)
@@ -349,15 +362,15 @@ class GemmSm90:
             store_atom,
             cute.make_tiled_copy_C_atom(
                 cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(self.d_layout.is_m_major_c(), 4), self.d_dtype),
-                wg_mma,
+                tiled_mma,
             ),
         )
         thr_store = tiled_store.get_slice(tidx % 128)
         tRS_sD = thr_store.partition_D(sD)
         tRS_acc = tiled_store.retile(acc)
-        # (row, col) in the tile of each accumulator value this thread holds: partitioned by the
-        # thread's own index (thr_mma above is the warpgroup's slice, right for the operands only).
-        coords = tiled_mma.get_slice(tile_tidx).partition_C(cute.make_identity_tensor((cfg.tile_m, cfg.tile_n)))
+        # (row, col) in the warpgroup's rows of each accumulator value this thread holds:
+        # partitioned by the thread's own index (thr_mma is right for the operands only).
+        coords = tiled_mma.get_slice(tidx % 128).partition_C(wg_tile)
         tRS_coords = tiled_store.retile(coords)
         frag_shape = cute.shape(thr_store.partition_S(sD))[:3]
         tRS_rD = cute.make_rmem_tensor(frag_shape, Float32)
@@ -368,11 +381,10 @@ class GemmSm90:
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
         )
         # Warpgroup w: its first warp issues the TMA stores, epilogue barrier 1 + w, buffers
-        # from w * epi_stages; cooperative tiles give it rows 64 w .. 64 w + 63 of each tile.
+        # from w * epi_stages.
         store_warp = 4 + 4 * wg
         epi_barrier = 1 + wg
         buffer_base = wg * cfg.epi_stages
-        row_block = 0 if const_expr(self.pingpong) else wg
 
         # Per-tensor fp8 scales: one multiplier for every value, folded into alpha once.
         if const_expr(cfg.epilogue.scalar_scale_a):
@@ -596,7 +608,7 @@ class GemmSm90:
         halves = 2 if const_expr(cfg.fp8_split_n) else 1
         gD_tile = gD[(None, None, m, n, l)]
         if const_expr(self.tile_wgs > 1):  # this warpgroup's rows of the cooperative tile
-            gD_tile = cute.local_tile(gD_tile, (64, cfg.tile_n), (row_block, 0))
+            gD_tile = cute.local_tile(gD_tile, (self.wg_rows, cfg.tile_n), (row_block, 0))
         gD_sub = cute.zipped_divide(gD_tile, self.epi_tile)
         sD_part, gD_part = cute.nvgpu.cpasync.tma_partition(
             tma_d, 0, cute.make_layout(1), cute.group_modes(sD, 0, 2), gD_sub
@@ -610,7 +622,7 @@ class GemmSm90:
                 _check_first_half_read_first(acc, tRS_acc, issue_at * per_subtile)
                 acc_half0 = cute.make_tensor(acc[(None, 0, 0)].iterator, mma_acc.layout)
         sub_layout = cute.make_layout(gD_sub.shape[1], stride=(gD_sub.shape[1][1], 1))
-        row0, col0 = m * cfg.tile_m, n * cfg.tile_n
+        row0, col0 = m * cfg.tile_m + row_block * self.wg_rows, n * cfg.tile_n
         rows, cols = mD.shape[0], mD.shape[1]
         row_scales = {}  # this thread's per-row scales of the tile, by row offset: read once
         for s in cutlass.range_constexpr(subtiles):

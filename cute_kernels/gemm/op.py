@@ -489,6 +489,10 @@ def compile_configurations(quick: bool = False):
         cfg = GemmConfig(128, 96, cm, max_clusters=132 // cm, pingpong=True, fp8_promote_every=1,
                          epilogue=Epilogue(row_scale=True, col_scale=True))
         found.append((GemmSm90, cfg, specs(cfg, (fp8_row, fp8_col, out, None, None, f32, f32))))
+    # 256-row tiles (two m64 MMAs per warpgroup and k-block), clusters along M and along N.
+    for cluster, stream_k in (((2, 1), False), ((1, 2), True)):
+        cfg = GemmConfig(256, 192, *cluster, max_clusters=66, stream_k=stream_k)
+        found.append((GemmSm90, cfg, specs(cfg, (bf16("row"), bf16("row"), out, None, None, None, None))))
     # Batched (L, M, K) operands, and one cluster per tile (the grid when max_clusters is not capped).
     batched = (operand("bfloat16", "row", 3), operand("bfloat16", "col", 3), operand("bfloat16", "row", 3))
     cfg = GemmConfig(128, 256, 2, max_clusters=66)
