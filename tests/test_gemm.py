@@ -66,6 +66,12 @@ def test_heuristic_fills_the_machine():
     assert not choose_config(4096, 4096, 1024, 1, 2, 132).pingpong
     assert not choose_config(2048, 8192, 1024, 1, 2, 132).pingpong
     assert not choose_config(4096, 4096, 4096, 1, 2, 132).pingpong
+    # Mid-length K: ping-pong where it beats the cooperative tile's waves (its stream-K tail
+    # counted) by 5% with the exposed epilogue charged; never beyond PINGPONG_MAX_K.
+    assert choose_config(8192, 8192, 2048, 1, 2, 132).pingpong  # 21 waves vs 15.5 + tail
+    assert choose_config(8192, 8192, 3072, 1, 2, 132).pingpong
+    assert not choose_config(4096, 8192, 2048, 1, 2, 132).pingpong  # 11 vs 8: under the margin
+    assert not choose_config(8192, 8192, 4096, 1, 2, 132).pingpong
     # Stream-K tail: bf16 with a last wave at most 75% full and K >= 2048 only.
     assert choose_config(4096, 4352, 4096, 1, 2, 132).stream_k  # 272 cluster tiles: 8 in the last wave
     assert choose_config(8192, 8192, 8192, 1, 2, 132).stream_k  # 1024: 34 of 66
@@ -267,9 +273,9 @@ def test_stream_k_tail(kind, clusters):
 @gpu
 def test_stream_k_through_the_op():
     # The heuristic's stream-K choice (a last wave 12% full), through ck.gemm and autograd (dB
-    # = A^T dC: 2048 x 4352 x 4096, also a stream-K tail), twice (a new token per launch),
-    # against float64.
-    m, n, k = 4096, 4352, 2048
+    # = A^T dC: the same shape, also a stream-K tail), twice (a new token per launch), against
+    # float64.
+    m, n, k = 4096, 4352, 4096
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -444,6 +450,24 @@ def test_batched_and_out_dtypes_and_out():
     assert (y.double() - ref_mm(a[0], b[0])).abs().max().item() < 1e-2
     out = torch.full((200, 72), float("nan"), device="cuda", dtype=torch.bfloat16)
     assert ck.gemm(a[0], b[0], out=out) is out and not out.isnan().any()
+
+
+@gpu
+def test_mid_k_pingpong_through_the_op():
+    # The heuristic's ping-pong choice at K = 2048 (23 tile columns, the last two thirds
+    # full), through ck.gemm and autograd, into a poisoned output, against float64.
+    m, n, k = 4096, 4352, 2048
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert choose_config(m, n, k, 1, 2, sms).pingpong
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    ck.gemm(a.detach(), b.detach(), out=out)
+    check(out, a.detach(), b.detach())
+    grad = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    ck.gemm(a, b).backward(grad)
+    check(a.grad, grad, b.detach().t())
+    check(b.grad, a.detach().t(), grad)
 
 
 @gpu

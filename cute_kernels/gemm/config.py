@@ -89,6 +89,16 @@ FP8_FAST_TILE_EFFICIENCY = {(128, 256): 1.0, (128, 128): 0.8}
 # runs under the other warpgroup's mainloop. Measured 1.04-1.07x at 8192^2 x 512, 1.01x at
 # 16384 x 8192 x 1024, 0.99-1.01x at 8192^2 x 1024 and 4096 x 8192 x 1024 (benchmarks/NOTES.md).
 PINGPONG_EPI_STAGES = 3
+# Beyond this K the cooperative tile's epilogue is too small a share of a tile for the
+# ping-pong schedule to pay (measured 0.88x at 4096^3, 0.97-0.99x at 8192^3).
+PINGPONG_MAX_K = 3072
+
+
+def _pingpong_charge(k: int) -> float:
+    """The cooperative schedule's exposed epilogue as a share of a tile's time, as measured
+    against the ping-pong schedule: 8% at K = 1024 to 2048, growing as 1/K below (16% at 512)
+    and falling as 1/K above (5.3% at 3072)."""
+    return 0.08 * max(1024 / k, min(1.0, 2048 / k))
 
 
 def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: int,
@@ -123,42 +133,68 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
         tile_m, tile_n = 64, 128
     else:
         tile_m, tile_n = min(efficiency, key=cost)
-    # Short K (<= 1024) makes the epilogue a large share of each tile: the ping-pong schedule
-    # hides it (128 x 192 per warpgroup), where there are many waves, N wastes little on
-    # 192-wide tiles and its waves round no worse than the cooperative tile's, whose exposed
-    # epilogue is charged 8% at K = 1024 (twice that at 512). Measured ping-pong / cooperative
-    # 128 x 256 before the ping-pong hand-over moved ahead of the MMA drain (which gained
-    # ping-pong 3-5%): 1.06x at 8192 x 8192 x 1024 (21 vs 16 waves), 1.05x at 8192^2 x 512,
-    # 1.01-1.03x at 4096 x 8192 x 1024 (11 vs 8), 1.03-1.08x at 6144^2 x 1024 (12 vs 9);
-    # 0.93-0.94x at 4096^2 x 1024 and 2048 x 8192 x 1024 (6 vs 4), 0.96x at 4096^2 x 512.
-    pingpong = (itemsize == 2 and m > 128 and k <= 1024 and tiles(128, 192) >= 4 * sm_count
-                and (-n % 192) * 32 <= n
-                and -(-tiles(128, 192) // sm_count) * 128 * 192
-                < cost((tile_m, tile_n)) * (1 + 0.08 * 1024 / k))
+    exact_fp8 = itemsize == 1 and not fast_accum
+
+    def clusters_and_tail(tm, tn, pingpong):
+        """(cluster_m, clusters launched, cluster tiles, stream-K tail?) for a tile shape.
+
+        A 2-CTA cluster along M where there are enough tiles (fp8 128 x 256 runs without: measured
+        1233 vs 1222 TFLOP/s at 8192^3, 1181 vs 1165 at 4096^3). Stream-K tail for 16-bit
+        inputs when the last wave is at most 75% full and K is long: its tiles are shared out
+        along K instead of leaving clusters idle (measured, 128 x 256 cluster 2, stream-K vs
+        not: 1.12x at 4096 x 4352 x 4096 (last wave 12% full), 1.07x at 8192 x 4352 x 8192
+        (24%), 1.02x at 8192^3 (52%), 1.01x at 6144^3 (73%); 0.97-1.00x at 3.88 waves (88%),
+        where the fixed cost of the partial sums outweighs the idle time saved). fp8 stays
+        data-parallel: its tails lost at every fill measured (24% to 88%), an fp8 tile's
+        mainloop being half a bf16 one's against the same 128 KB partial exchange."""
+        enough = tiles(tm, tn) >= 2 * sm_count or 64 < m <= 128
+        one_cta = itemsize == 1 and tn == 256
+        cm = 2 if enough and not one_cta and -(-m // tm) % 2 == 0 else 1
+        clusters = max(1, sm_count // cm)
+        cluster_tiles = -(-m // (tm * cm)) * -(-n // tn) * batch
+        tail = cluster_tiles % clusters
+        stream_k = (itemsize == 2 and not pingpong and cluster_tiles > clusters
+                    and 0 < tail <= 0.75 * clusters and k >= 2048)
+        return cm, clusters, cluster_tiles, stream_k
+
+    # Short K makes the epilogue a large share of each tile: the ping-pong schedule hides it
+    # (128 x 192 per warpgroup), where there are many waves, N wastes little on 192-wide tiles
+    # and its waves cost less than the cooperative tile's with that tile's exposed epilogue
+    # charged (``_pingpong_charge``; a stream-K tail counted as the fractional waves plus 0.3,
+    # the partial exchange's measured cost). Measured ping-pong / cooperative 128 x 256 (with
+    # the heuristic's stream-K tail where it gives one), K = 1024 before the ping-pong hand-over
+    # moved ahead of the MMA drain (which gained ping-pong 3-5%): 1.06x at 8192 x 8192 x 1024
+    # (21 vs 16 waves), 1.05x at 8192^2 x 512, 1.01-1.03x at 4096 x 8192 x 1024 (11 vs 8),
+    # 1.03-1.08x at 6144^2 x 1024 (12 vs 9); 0.93-0.94x at 4096^2 x 1024 and 2048 x 8192 x 1024
+    # (6 vs 4), 0.96x at 4096^2 x 512. K = 1536 to 3072: 1.10x at 8192^2 x 1536, 1.06x at
+    # 8192^2 x 2048, 1.15x at 16384 x 8192 x 2048, 1.08x at 6144^2 x 2048, 1.04x at
+    # 4096 x 14336 x 2048, 1.05x at 8192^2 x 3072; 1.01x at 4096 x 8192 x 2048 and 0.98x at
+    # 8192 x 4096 x 2048 (11 vs 8 waves: predicted 1.047, below the 5% margin asked above
+    # K = 1024), 0.91x at 4096^2 x 2048; 0.88x at 4096^3, 0.97-0.99x at 8192^3. Above K = 1024
+    # a ragged last tile column may waste 1/64 of N, not 1/32: N = 4096 (22 columns, the last a
+    # third full) lost at 8192 x 4096 x 2048 (0.98x), 6144 x 4096 x 2048 (0.94x) and
+    # 6144 x 4096 x 3072 (1.00x); N = 4352 / 14336 (1/68, 1/224) won 1.14x / 1.09x at K = 2048
+    # (benchmarks/NOTES.md).
+    def pingpong_pays():
+        _, clusters, cluster_tiles, tail = clusters_and_tail(tile_m, tile_n, False)
+        waves = -(-cluster_tiles // clusters)
+        if tail:
+            waves = min(waves, cluster_tiles / clusters + 0.3)
+        coop_cost = waves * tile_m * tile_n / efficiency[tile_m, tile_n]
+        pp_cost = -(-tiles(128, 192) // sm_count) * 128 * 192
+        return coop_cost * (1 + _pingpong_charge(k)) > pp_cost * (1.0 if k <= 1024 else 1.05)
+
+    pingpong = (itemsize == 2 and m > 128 and k <= PINGPONG_MAX_K
+                and tiles(128, 192) >= 4 * sm_count
+                and (-n % 192) * (32 if k <= 1024 else 64) <= n and pingpong_pays())
     if pingpong:
         tile_m, tile_n = 128, 192
+    cluster_m, clusters, cluster_tiles, stream_k = clusters_and_tail(tile_m, tile_n, pingpong)
     # fp8 folds the MMA accumulator into the fp32 one after every k-tile (128 values of K, as
-    # cuBLAS does); at 128 x 256 after each column half of every k-tile. 128 x 256 runs without
-    # the cluster (measured 1233 vs 1222 at 8192^3, 1181 vs 1165 at 4096^3), and so without
-    # promotion (1315 vs 1206 at 8192^3; 1295 vs 1317 at 4096^3).
-    exact_fp8 = itemsize == 1 and not fast_accum
+    # cuBLAS does); at 128 x 256 after each column half of every k-tile (so without the
+    # cluster, and without promotion: 1315 vs 1206 at 8192^3; 1295 vs 1317 at 4096^3).
     split = exact_fp8 and tile_n == 256
-    enough = tiles(tile_m, tile_n) >= 2 * sm_count or 64 < m <= 128
-    one_cta = itemsize == 1 and tile_n == 256
-    cluster_m = 2 if enough and not one_cta and -(-m // tile_m) % 2 == 0 else 1
     promote = 1 if exact_fp8 else 0
-    # Stream-K tail for 16-bit inputs when the last wave is at most 75% full and K is long: its
-    # tiles are shared out along K instead of leaving clusters idle (measured, 128 x 256
-    # cluster 2, stream-K vs not: 1.12x at 4096 x 4352 x 4096 (last wave 12% full), 1.07x at
-    # 8192 x 4352 x 8192 (24%), 1.02x at 8192^3 (52%), 1.01x at 6144^3 (73%); 0.97-1.00x at
-    # 3.88 waves (88%), where the fixed cost of the partial sums outweighs the idle time saved).
-    # fp8 stays data-parallel: its tails lost at every fill measured (24% to 88%), an fp8 tile's
-    # mainloop being half a bf16 one's against the same 128 KB partial exchange.
-    clusters = max(1, sm_count // cluster_m)
-    cluster_tiles = -(-m // (tile_m * cluster_m)) * -(-n // tile_n) * batch
-    tail = cluster_tiles % clusters
-    stream_k = (itemsize == 2 and not pingpong and cluster_tiles > clusters
-                and 0 < tail <= 0.75 * clusters and k >= 2048)
     # fp8 exact: the next tile's first k-tile under each epilogue, where every CTA has at least
     # two tiles (measured +0.6-0.7% at 4096^3, +0.4-1.7% at 8192^3; -4% with one tile per CTA).
     epilogue_mma = exact_fp8 and not stream_k and cluster_tiles >= 2 * clusters
