@@ -110,9 +110,10 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
     efficiency; the cheapest wins, so small problems shrink the tile until more SMs have work.
     M <= 128 takes 64 x 128 tiles (one warpgroup), with a 2-CTA cluster along M sharing B when
     M > 64; fp8 chooses among 128 x 256 (column-split promotion), 128 x 192 and 128 x 128 the
-    same way (``fast_accum``: no promotion, one accumulator, 128 x 256 or 128 x 128); short K
-    with many tiles takes the ping-pong schedule. A 2-CTA cluster along M halves
-    B traffic from L2 when there are enough tiles to fill the clusters. The grid is persistent:
+    same way (``fast_accum``: no promotion, one accumulator, 128 x 256 or 128 x 128); short and
+    mid-length K (up to ``PINGPONG_MAX_K``) with many tiles takes the ping-pong schedule. A
+    2-CTA cluster along M halves B traffic from L2 when there are enough tiles to fill the
+    clusters. The grid is persistent:
     at most one CTA per SM; a mostly empty last wave with long K runs as a stream-K tail.
     """
     def tiles(tm, tn):
