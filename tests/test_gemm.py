@@ -72,9 +72,19 @@ def test_heuristic_fills_the_machine():
     assert choose_config(8192, 8192, 3072, 1, 2, 132).pingpong
     assert not choose_config(4096, 8192, 2048, 1, 2, 132).pingpong  # 11 vs 8: under the margin
     assert not choose_config(8192, 8192, 4096, 1, 2, 132).pingpong
-    # Stream-K tail: bf16 with a last wave at most 75% full and K >= 2048 only.
-    assert choose_config(4096, 4352, 4096, 1, 2, 132).stream_k  # 272 cluster tiles: 8 in the last wave
+    assert not choose_config(8192, 8192, 5120, 1, 2, 132).pingpong
+    # ... and at K = 4096 where the cooperative tile's stream-K tail cuts tiles into many pieces.
+    assert choose_config(4096, 4352, 4096, 1, 2, 132).pingpong  # 8 of 66 in the last wave
+    assert choose_config(2048, 4352, 4096, 1, 2, 132).pingpong  # 4 of 66
+    assert not choose_config(4096, 4352, 8192, 1, 2, 132).pingpong  # beyond PINGPONG_MAX_K
+    # Stream-K tail: bf16 with a last wave at most 75% full, K >= 2048, and at most
+    # STREAM_K_MAX_PIECES pieces per tile at K = 4096 (in proportion to K).
+    assert choose_config(4096, 4352, 8192, 1, 2, 132).stream_k  # 272 cluster tiles: 8 in the last wave
     assert choose_config(8192, 8192, 8192, 1, 2, 132).stream_k  # 1024: 34 of 66
+    assert choose_config(5120, 5120, 8192, 1, 2, 132).stream_k  # 400: 4 of 66, 16.5 pieces
+    assert not choose_config(16384, 8192, 8192, 1, 2, 132).stream_k  # 2048: 2 of 66, 33 pieces
+    assert not choose_config(16384, 16384, 4096, 1, 2, 132).stream_k  # 4096: 4 of 66 at K = 4096
+    assert not choose_config(1024, 4352, 4096, 1, 2, 132).stream_k  # 136 of 132 CTAs
     assert not choose_config(4096, 4096, 4096, 1, 2, 132).stream_k  # 256: 58 of 66
     assert not choose_config(4096, 4352, 1024, 1, 2, 132).stream_k  # short K
     assert not choose_config(4096, 4352, 4096, 1, 1, 132).stream_k  # fp8
@@ -118,7 +128,7 @@ def test_tuning_candidates():
     assert not any(c.pingpong or c.fp8_split_n or c.fp8_promote_every for c in fast)  # ping-pong spills
     # The stream-K choice belongs to the heuristic's tile and cluster (its tail); the other
     # shapes are timed data-parallel.
-    tail = choose_config(4096, 4352, 4096, 1, 2, 132)
+    tail = choose_config(4096, 4352, 8192, 1, 2, 132)
     assert [c.stream_k for c in candidates(tail, 4096, 132)] == [True] + [False] * 5
 
 
@@ -272,10 +282,10 @@ def test_stream_k_tail(kind, clusters):
 
 @gpu
 def test_stream_k_through_the_op():
-    # The heuristic's stream-K choice (a last wave 12% full), through ck.gemm and autograd (dB
+    # The heuristic's stream-K choice (a last wave 24% full), through ck.gemm and autograd (dB
     # = A^T dC: the same shape, also a stream-K tail), twice (a new token per launch), against
     # float64.
-    m, n, k = 4096, 4352, 4096
+    m, n, k = 8192, 4352, 8192
     a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     sms = torch.cuda.get_device_properties(0).multi_processor_count

@@ -90,8 +90,9 @@ FP8_FAST_TILE_EFFICIENCY = {(128, 256): 1.0, (128, 128): 0.8}
 # 16384 x 8192 x 1024, 0.99-1.01x at 8192^2 x 1024 and 4096 x 8192 x 1024 (benchmarks/NOTES.md).
 PINGPONG_EPI_STAGES = 3
 # Beyond this K the cooperative tile's epilogue is too small a share of a tile for the
-# ping-pong schedule to pay (measured 0.88x at 4096^3, 0.97-0.99x at 8192^3).
-PINGPONG_MAX_K = 3072
+# ping-pong schedule to pay even against a costly stream-K tail (measured 0.87x at
+# 4096 x 4352 x 8192, 0.97-0.99x at 8192^3; at K = 4096 the wave counts decide).
+PINGPONG_MAX_K = 4096
 
 
 def _pingpong_charge(k: int) -> float:
@@ -99,6 +100,22 @@ def _pingpong_charge(k: int) -> float:
     against the ping-pong schedule: 8% at K = 1024 to 2048, growing as 1/K below (16% at 512)
     and falling as 1/K above (5.3% at 3072)."""
     return 0.08 * max(1024 / k, min(1.0, 2048 / k))
+
+
+# A stream-K tail cuts each of its tiles into 1 / fill pieces, and the CTA that ends a tile adds
+# the others' partial sums one after another. Beyond this many pieces per tile at K = 4096
+# (in proportion to K elsewhere) that takes longer than the data-parallel wave it replaces
+# (measured, stream-K / data-parallel: 0.98x at 2048 x 4352 x 4096 and 1.00x at 16384^2 x 4096
+# with 16.5 pieces, 0.86x at 3072 x 4352 x 2048 with 11, 0.96x at 16384 x 8192 x 8192 with 33,
+# 1.07x at 5120^2 x 8192 with 16.5, 1.07x at 4096 x 4352 x 4096 with 8).
+STREAM_K_MAX_PIECES = 16
+
+
+def stream_k_tail_waves(fill: float, k: int) -> float:
+    """Time of a stream-K tail in waves, for a last wave ``fill`` full: the tail's work, the
+    partial exchange (0.3, measured), and beyond four pieces per tile 0.05 per piece at
+    K = 4096 (the owner's additions, a fixed time: a smaller share of longer tiles)."""
+    return fill + 0.3 + 0.05 * 4096 / k * max(0.0, 1 / fill - 4)
 
 
 def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: int,
@@ -147,7 +164,8 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
         (24%), 1.02x at 8192^3 (52%), 1.01x at 6144^3 (73%); 0.97-1.00x at 3.88 waves (88%),
         where the fixed cost of the partial sums outweighs the idle time saved). fp8 stays
         data-parallel: its tails lost at every fill measured (24% to 88%), an fp8 tile's
-        mainloop being half a bf16 one's against the same 128 KB partial exchange."""
+        mainloop being half a bf16 one's against the same 128 KB partial exchange. A nearly
+        empty last wave stays data-parallel too (``STREAM_K_MAX_PIECES``)."""
         enough = tiles(tm, tn) >= 2 * sm_count or 64 < m <= 128
         one_cta = itemsize == 1 and tn == 256
         cm = 2 if enough and not one_cta and -(-m // tm) % 2 == 0 else 1
@@ -155,14 +173,16 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
         cluster_tiles = -(-m // (tm * cm)) * -(-n // tn) * batch
         tail = cluster_tiles % clusters
         stream_k = (itemsize == 2 and not pingpong and cluster_tiles > clusters
-                    and 0 < tail <= 0.75 * clusters and k >= 2048)
+                    and 0 < tail <= 0.75 * clusters and k >= 2048
+                    and clusters * 4096 <= STREAM_K_MAX_PIECES * k * tail)
         return cm, clusters, cluster_tiles, stream_k
 
     # Short K makes the epilogue a large share of each tile: the ping-pong schedule hides it
     # (128 x 192 per warpgroup), where there are many waves, N wastes little on 192-wide tiles
     # and its waves cost less than the cooperative tile's with that tile's exposed epilogue
-    # charged (``_pingpong_charge``; a stream-K tail counted as the fractional waves plus 0.3,
-    # the partial exchange's measured cost). Measured ping-pong / cooperative 128 x 256 (with
+    # charged (``_pingpong_charge``; a stream-K tail counted by ``stream_k_tail_waves``).
+    # Above K = 1024 two waves of ping-pong tiles suffice (the cost decides); at K <= 1024 four.
+    # Measured ping-pong / cooperative 128 x 256 (with
     # the heuristic's stream-K tail where it gives one), K = 1024 before the ping-pong hand-over
     # moved ahead of the MMA drain (which gained ping-pong 3-5%): 1.06x at 8192 x 8192 x 1024
     # (21 vs 16 waves), 1.05x at 8192^2 x 512, 1.01-1.03x at 4096 x 8192 x 1024 (11 vs 8),
@@ -174,19 +194,23 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
     # K = 1024), 0.91x at 4096^2 x 2048; 0.88x at 4096^3, 0.97-0.99x at 8192^3. Above K = 1024
     # a ragged last tile column may waste 1/64 of N, not 1/32: N = 4096 (22 columns, the last a
     # third full) lost at 8192 x 4096 x 2048 (0.98x), 6144 x 4096 x 2048 (0.94x) and
-    # 6144 x 4096 x 3072 (1.00x); N = 4352 / 14336 (1/68, 1/224) won 1.14x / 1.09x at K = 2048
-    # (benchmarks/NOTES.md).
+    # 6144 x 4096 x 3072 (1.00x); N = 4352 / 14336 (1/68, 1/224) won 1.14x / 1.09x at K = 2048.
+    # Against stream-K tails cut into many pieces (K = 2048 to 4096): 1.32x at 2048 x 4352 x 4096,
+    # 1.35x at 3072^2 x 2048, 1.17x at 3072^2 x 4096, 1.12x at 4096 x 13824 x 3072 and
+    # 8192 x 16384 x 3072, 1.07x at 4096 x 4352 x 4096, 1.04-1.07x at 6144 x 5120 x 4096,
+    # 5120 x 3072 x 4096, 4096 x 13824 x 4096; two waves at K = 1536 / 2048 (previously
+    # data-parallel): 1.00-1.06x (benchmarks/NOTES.md).
     def pingpong_pays():
         _, clusters, cluster_tiles, tail = clusters_and_tail(tile_m, tile_n, False)
         waves = -(-cluster_tiles // clusters)
         if tail:
-            waves = min(waves, cluster_tiles / clusters + 0.3)
+            waves = cluster_tiles // clusters + stream_k_tail_waves(cluster_tiles % clusters / clusters, k)
         coop_cost = waves * tile_m * tile_n / efficiency[tile_m, tile_n]
         pp_cost = -(-tiles(128, 192) // sm_count) * 128 * 192
         return coop_cost * (1 + _pingpong_charge(k)) > pp_cost * (1.0 if k <= 1024 else 1.05)
 
     pingpong = (itemsize == 2 and m > 128 and k <= PINGPONG_MAX_K
-                and tiles(128, 192) >= 4 * sm_count
+                and tiles(128, 192) >= (4 if k <= 1024 else 2) * sm_count
                 and (-n % 192) * (32 if k <= 1024 else 64) <= n and pingpong_pays())
     if pingpong:
         tile_m, tile_n = 128, 192
