@@ -77,6 +77,10 @@ def test_heuristic_fills_the_machine():
     assert choose_config(4096, 4352, 4096, 1, 2, 132).pingpong  # 8 of 66 in the last wave
     assert choose_config(2048, 4352, 4096, 1, 2, 132).pingpong  # 4 of 66
     assert not choose_config(4096, 4352, 8192, 1, 2, 132).pingpong  # beyond PINGPONG_MAX_K
+    # From K = 2048 one wave of ping-pong tiles may do (1.39 vs 2 cooperative waves here).
+    assert choose_config(1024, 4352, 4096, 1, 2, 132).pingpong
+    assert choose_config(1024, 5120, 2048, 1, 2, 132).pingpong
+    assert not choose_config(1024, 5120, 1536, 1, 2, 132).pingpong
     # Stream-K tail: bf16 with a last wave at most 75% full, K >= 2048, and at most
     # STREAM_K_MAX_PIECES pieces per tile at K = 4096 (in proportion to K).
     assert choose_config(4096, 4352, 8192, 1, 2, 132).stream_k  # 272 cluster tiles: 8 in the last wave

@@ -181,7 +181,10 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
     # (128 x 192 per warpgroup), where there are many waves, N wastes little on 192-wide tiles
     # and its waves cost less than the cooperative tile's with that tile's exposed epilogue
     # charged (``_pingpong_charge``; a stream-K tail counted by ``stream_k_tail_waves``).
-    # Above K = 1024 two waves of ping-pong tiles suffice (the cost decides); at K <= 1024 four.
+    # The ping-pong tiles must fill four waves at K <= 1024, two below K = 2048 and one from
+    # K = 2048 on; the cost decides beyond that (one to two waves, M = 512 to 2048, K = 2048 /
+    # 4096: measured 1.04-1.30x, one tie; at 1024 x 5120 x 1536 one ran 0.78x or 1.22x from one
+    # process to the next, cuBLAS alike, so below K = 2048 two waves are asked).
     # Measured ping-pong / cooperative 128 x 256 (with
     # the heuristic's stream-K tail where it gives one), K = 1024 before the ping-pong hand-over
     # moved ahead of the MMA drain (which gained ping-pong 3-5%): 1.06x at 8192 x 8192 x 1024
@@ -210,7 +213,7 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
         return coop_cost * (1 + _pingpong_charge(k)) > pp_cost * (1.0 if k <= 1024 else 1.05)
 
     pingpong = (itemsize == 2 and m > 128 and k <= PINGPONG_MAX_K
-                and tiles(128, 192) >= (4 if k <= 1024 else 2) * sm_count
+                and tiles(128, 192) >= (4 if k <= 1024 else 2 if k < 2048 else 1) * sm_count
                 and (-n % 192) * (32 if k <= 1024 else 64) <= n and pingpong_pays())
     if pingpong:
         tile_m, tile_n = 128, 192
