@@ -185,10 +185,10 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
     # The ping-pong tiles must fill four waves at K <= 1024, two below K = 2048 and one from
     # K = 2048 on; the cost decides beyond that (one to two waves, M = 512 to 2048, K = 2048 /
     # 4096: measured 1.04-1.30x, one tie; at 1024 x 5120 x 1536 one ran 0.78x or 1.22x from one
-    # process to the next, cuBLAS alike, so below K = 2048 two waves are asked).
-    # Measured ping-pong / cooperative 128 x 256 (with
-    # the heuristic's stream-K tail where it gives one), K = 1024 before the ping-pong hand-over
-    # moved ahead of the MMA drain (which gained ping-pong 3-5%): 1.06x at 8192 x 8192 x 1024
+    # process to the next, cuBLAS alike, so below K = 2048 two waves are asked). Measured
+    # ping-pong / cooperative 128 x 256 (with the heuristic's stream-K tail where it gives one),
+    # K = 1024 before the ping-pong hand-over moved ahead of the MMA drain (which gained
+    # ping-pong 3-5%): 1.06x at 8192 x 8192 x 1024
     # (21 vs 16 waves), 1.05x at 8192^2 x 512, 1.01-1.03x at 4096 x 8192 x 1024 (11 vs 8),
     # 1.03-1.08x at 6144^2 x 1024 (12 vs 9); 0.93-0.94x at 4096^2 x 1024 and 2048 x 8192 x 1024
     # (6 vs 4), 0.96x at 4096^2 x 512. K = 1536 to 3072: 1.10x at 8192^2 x 1536, 1.06x at
@@ -205,9 +205,9 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
     # 5120 x 3072 x 4096, 4096 x 13824 x 4096; two waves at K = 1536 / 2048 (previously
     # data-parallel): 1.00-1.06x (benchmarks/NOTES.md).
     def pingpong_pays():
-        _, clusters, cluster_tiles, tail = clusters_and_tail(tile_m, tile_n, False)
+        _, clusters, cluster_tiles, stream_k_tail = clusters_and_tail(tile_m, tile_n, False)
         waves = -(-cluster_tiles // clusters)
-        if tail:
+        if stream_k_tail:
             waves = min(waves, cluster_tiles // clusters
                         + stream_k_tail_waves(cluster_tiles % clusters / clusters, k))
         coop_cost = waves * tile_m * tile_n / efficiency[tile_m, tile_n]
