@@ -188,8 +188,7 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
     # process to the next, cuBLAS alike, so below K = 2048 two waves are asked). Measured
     # ping-pong / cooperative 128 x 256 (with the heuristic's stream-K tail where it gives one),
     # K = 1024 before the ping-pong hand-over moved ahead of the MMA drain (which gained
-    # ping-pong 3-5%): 1.06x at 8192 x 8192 x 1024
-    # (21 vs 16 waves), 1.05x at 8192^2 x 512, 1.01-1.03x at 4096 x 8192 x 1024 (11 vs 8),
+    # ping-pong 3-5%): 1.06x at 8192 x 8192 x 1024 (21 vs 16 waves), 1.05x at 8192^2 x 512, 1.01-1.03x at 4096 x 8192 x 1024 (11 vs 8),
     # 1.03-1.08x at 6144^2 x 1024 (12 vs 9); 0.93-0.94x at 4096^2 x 1024 and 2048 x 8192 x 1024
     # (6 vs 4), 0.96x at 4096^2 x 512. K = 1536 to 3072: 1.10x at 8192^2 x 1536, 1.06x at
     # 8192^2 x 2048, 1.15x at 16384 x 8192 x 2048, 1.08x at 6144^2 x 2048, 1.04x at
