@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Results, bench_many, ceilings, gbps, make_input_sets, try_import  # noqa: E402
 
 import cute_kernels as ck  # noqa: E402
-from cute_kernels.norms.norm_op import norm_backward  # noqa: E402
+from cute_kernels.rowwise.norm_op import norm_backward  # noqa: E402
 
 ACCEPTANCE = [(32768, 4096), (16384, 16384), (4096, 131072)]
 SWEEP = [(131072, 1024), (65536, 2048), (8192, 16384), (2048, 65536)]

@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Results, bench_many, ceilings, gbps, make_input_sets, try_import  # noqa: E402
 
 import cute_kernels as ck  # noqa: E402
-from cute_kernels.norms.softmax_op import _backward  # noqa: E402
+from cute_kernels.rowwise.softmax_op import _backward  # noqa: E402
 
 ACCEPTANCE = [(32768, 4096), (16384, 16384), (4096, 131072)]
 SWEEP_ELEMENTS = 1 << 27  # M * N for the sweep

@@ -5,10 +5,11 @@
 """
 
 from .gemm.op import gemm, gemm_fp8
-from .norms.cross_entropy_op import cross_entropy, fused_linear_cross_entropy
-from .norms.modules import CrossEntropyLoss, FusedLinearCrossEntropyLoss, LayerNorm, RMSNorm
-from .norms.norm_op import layer_norm, rms_norm
-from .norms.softmax_op import softmax
+from .losses.fused_linear_cross_entropy import FusedLinearCrossEntropyLoss, fused_linear_cross_entropy
+from .rowwise.cross_entropy_op import cross_entropy
+from .rowwise.modules import CrossEntropyLoss, LayerNorm, RMSNorm
+from .rowwise.norm_op import layer_norm, rms_norm
+from .rowwise.softmax_op import softmax
 from .runtime.errors import (
     CompileError,
     CuteKernelsError,

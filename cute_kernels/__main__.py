@@ -20,7 +20,7 @@ from .runtime import CuteKernelsError, has_gpu, inspect_kernel
 
 def _families():
     from .gemm import op as gemm_op
-    from .norms import cross_entropy_op, norm_op, softmax_op
+    from .rowwise import cross_entropy_op, norm_op, softmax_op
 
     return [softmax_op, norm_op, cross_entropy_op, gemm_op]
 

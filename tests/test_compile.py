@@ -3,8 +3,8 @@
 import pytest
 
 from cute_kernels.gemm import op as gemm_op
-from cute_kernels.norms import cross_entropy_op, norm_op
-from cute_kernels.norms.softmax_op import compile_configurations as softmax_configurations
+from cute_kernels.rowwise import cross_entropy_op, norm_op
+from cute_kernels.rowwise.softmax_op import compile_configurations as softmax_configurations
 from cute_kernels.runtime import inspect_kernel
 
 pytestmark = pytest.mark.compile

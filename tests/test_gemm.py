@@ -11,13 +11,10 @@ import torch
 import torch.nn.functional as F
 
 import cute_kernels as ck
+from cute_kernels.reference import gemm_ref as ref_mm
 from cute_kernels.gemm.config import choose_config
 
 gpu = pytest.mark.gpu
-
-
-def ref_mm(a, b):
-    return a.double() @ b.double()
 
 
 def check(ours, a, b, out_dtype=None, extra=None):

@@ -5,22 +5,13 @@ import torch
 import torch.nn.functional as F
 
 import cute_kernels as ck
-from cute_kernels.norms.cross_entropy_op import chunk_rows, cross_entropy_fwd
+from cute_kernels.reference import cross_entropy_ref as ref_ce
+from cute_kernels.losses.fused_linear_cross_entropy import chunk_rows
+from cute_kernels.rowwise.cross_entropy_op import cross_entropy_fwd
 
 gpu = pytest.mark.gpu
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 VOCABS = [1, 7, 192, 760, 1128, 4096, 8192, 65536, 131072, 262144]
-
-
-def ref_ce(logits, target, ignore_index=-100, smoothing=0.0, reduction="mean", z=0.0):
-    x = logits.double()
-    loss = F.cross_entropy(x, target, ignore_index=ignore_index, label_smoothing=smoothing, reduction="none")
-    valid = target != ignore_index
-    if z:
-        loss = loss + z * torch.logsumexp(x, -1).pow(2) * valid
-    if reduction == "none":
-        return loss
-    return loss.sum() if reduction == "sum" else loss.sum() / valid.sum()
 
 
 # ---------------------------------------------------------------- no GPU needed
@@ -34,7 +25,7 @@ def test_cpu_tensor_is_refused():
 @pytest.mark.parametrize("tokens,hidden,vocab",
                          [(8192, 4096, 128256), (333, 256, 5003), (1000, 512, 32000), (2000, 64, 3001)])
 def test_weight_gradient_slices_keep_their_logits_above_the_rows_they_write(tokens, hidden, vocab):
-    from cute_kernels.norms.cross_entropy_op import SLICE_COLUMNS, _slab_in_place
+    from cute_kernels.losses.fused_linear_cross_entropy import SLICE_COLUMNS, _slab_in_place
 
     flat = torch.empty(vocab * hidden, dtype=torch.bfloat16)  # only views of it are taken
     v0 = 0

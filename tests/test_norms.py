@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import cute_kernels as ck
-from cute_kernels.norms.config import row_config
+from cute_kernels.rowwise.config import row_config
 from cute_kernels.reference import layer_norm_ref, rms_norm_ref
 
 gpu = pytest.mark.gpu
@@ -65,7 +65,7 @@ def test_backward_row_limit():
 
 
 def test_backward_launch_shapes():
-    from cute_kernels.norms.norm_op import backward_ctas_per_sm, backward_rows
+    from cute_kernels.rowwise.norm_op import backward_ctas_per_sm, backward_rows
 
     def shape(n):
         rows = backward_rows(n, 8, 2)
@@ -85,7 +85,7 @@ def test_backward_launch_shapes():
 
 
 def test_forward_launch_shapes():
-    from cute_kernels.norms.norm_op import _build_forward
+    from cute_kernels.rowwise.norm_op import _build_forward
 
     bf16 = torch.bfloat16
 
@@ -186,7 +186,7 @@ def test_layer_norm_split_rows_partial_affine(n, affine):
 
 @gpu
 def test_layer_norm_split_rows_write_every_output():
-    from cute_kernels.norms.norm_op import norm_fwd
+    from cute_kernels.rowwise.norm_op import norm_fwd
 
     m, n = 5, 131072
     x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
@@ -257,7 +257,7 @@ def test_weight_gradient_is_deterministic():
 @gpu
 @pytest.mark.parametrize("b,rows,n", [(1, 1, 4), (2, 7, 132), (1, 396, 4096), (2, 1000, 4100), (2, 28, 131072)])
 def test_column_sum_of_partials(b, rows, n):
-    from cute_kernels.norms.norm_op import column_sum
+    from cute_kernels.rowwise.norm_op import column_sum
 
     part = torch.randn(b, rows, n + 4, device="cuda")[:, :, :n]  # padded rows, as the backward's
     out = torch.full((b, n), float("nan"), device="cuda")
@@ -300,7 +300,7 @@ def test_tiny_batches(m):
 
 @gpu
 def test_outputs_poisoned_with_nan_are_fully_written_and_nan_propagates():
-    from cute_kernels.norms.norm_op import norm_fwd
+    from cute_kernels.rowwise.norm_op import norm_fwd
 
     x = torch.randn(37, 1128, device="cuda", dtype=torch.bfloat16)
     y = torch.full_like(x, float("nan"))

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import cute_kernels as ck
-from cute_kernels.norms.config import row_config
-from cute_kernels.norms.softmax_op import softmax_bwd, softmax_fwd
+from cute_kernels.rowwise.config import row_config
+from cute_kernels.rowwise.softmax_op import softmax_bwd, softmax_fwd
 from cute_kernels.reference import softmax_backward_ref, softmax_ref
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]

@@ -69,6 +69,7 @@ import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, const_expr
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
+from ..primitives.named_barriers import GemmBarrier
 from .config import GemmConfig
 from .scheduler import cluster_tile_counts, sk_run, tail_piece, tile_coords, whole_tiles
 
@@ -380,10 +381,10 @@ class GemmSm90:
             num_stages=self.config.epi_stages,
             producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread, 128),
         )
-        # Warpgroup w: its first warp issues the TMA stores, epilogue barrier 1 + w, buffers
+        # Warpgroup w: its first warp issues the TMA stores, its own epilogue barrier, buffers
         # from w * epi_stages.
         store_warp = 4 + 4 * wg
-        epi_barrier = 1 + wg
+        epi_barrier = int(GemmBarrier.EPILOGUE) + wg
         buffer_base = wg * cfg.epi_stages
 
         # Per-tensor fp8 scales: one multiplier for every value, folded into alpha once.
@@ -413,15 +414,16 @@ class GemmSm90:
             m, n, l = tile_coords(cluster + item * clusters, cm_tiles, cn_tiles, cfg.swizzle,
                                   self.cluster_mn, cluster_coord[0], cluster_coord[1])
             if const_expr(self.pingpong):
-                # Wait for the other warpgroup's previous mainloop (barrier 3: 0 -> 1, 4: 1 -> 0).
+                # Wait for the other warpgroup's previous mainloop.
+                done = int(GemmBarrier.MAINLOOP_DONE)
                 if wg == 0:
                     if tiles_done > 0:
-                        cute.arch.barrier(barrier_id=4, number_of_threads=256)
+                        cute.arch.barrier(barrier_id=done + 1, number_of_threads=256)
                 else:
-                    cute.arch.barrier(barrier_id=3, number_of_threads=256)
+                    cute.arch.barrier(barrier_id=done, number_of_threads=256)
             # Ping-pong: the other warpgroup's turn (if it has a next tile) once this one has
             # issued its last MMAs, while they still run.
-            hand_over = (3 + wg, item + 1 < items) if const_expr(self.pingpong) else None
+            hand_over = (int(GemmBarrier.MAINLOOP_DONE) + wg, item + 1 < items) if const_expr(self.pingpong) else None
             tiled_mma, read, release = self.mma_k_tiles(tiled_mma, acc, mma_acc, tCrA, tCrB,
                                                         mainloop, read, release,
                                                         1 if overlap else 0, k_tiles,
@@ -554,7 +556,7 @@ class GemmSm90:
         for v in cutlass.range_constexpr(size):
             mWork[base + v * threads + tidx] = acc[v]
         cute.arch.fence_acq_rel_gpu()
-        cute.arch.barrier(barrier_id=5, number_of_threads=threads)
+        cute.arch.barrier(barrier_id=int(GemmBarrier.STREAM_K), number_of_threads=threads)
         if tidx == 0:
             cute.arch.store(mFlags.iterator + slot, token, sem="release", scope="gpu")
 
@@ -581,7 +583,7 @@ class GemmSm90:
                         while seen != token:
                             seen = cute.arch.atomic_cas(flag, cmp=token, val=cutlass.Int64(0),
                                                         sem="acquire", scope="gpu")
-                    cute.arch.barrier(barrier_id=5, number_of_threads=threads)
+                    cute.arch.barrier(barrier_id=int(GemmBarrier.STREAM_K), number_of_threads=threads)
                     cute.arch.fence_acq_rel_gpu()
                     base = slot * (threads * size)
                     for v in cutlass.range_constexpr(size):

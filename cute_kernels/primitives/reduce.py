@@ -76,7 +76,7 @@ def cross_warp_combine(
     path passes ``cluster_wait`` here so peers' barriers are known to be initialized).
     ``phase`` is the mbarrier phase to wait for when the same barrier is used repeatedly.
     A buffer may be written again only after every thread has read it: callers that reduce
-    repeatedly alternate between two buffers (see ``norms.rows.reduction_workspace``).
+    repeatedly alternate between two buffers (see ``rowwise.rows.reduction_workspace``).
     """
     width = const_expr(len(partial))
     lane = cute.arch.lane_idx()

@@ -1,8 +1,8 @@
 """Time the LayerNorm / RMSNorm forward kernel (weight and bias) under different row splits,
 side by side in one run (L2-cold inputs, interleaved rounds).
 
-    python benchmarks/experiment_norms.py [--shapes MxN,...] [--held 1,3,1l,1s,1w] [--rms | --no-bias]
-    python benchmarks/experiment_norms.py --backward op,128/128/1/264 [--shapes ...] [--rms]
+    python benchmarks/experiments/experiment_norms.py [--shapes MxN,...] [--held 1,3,1l,1s,1w] [--rms | --no-bias]
+    python benchmarks/experiments/experiment_norms.py --backward op,128/128/1/264 [--shapes ...] [--rms]
 
 ``--held H`` builds the row split as if each thread kept H row-sized fragments in registers
 (``row_config(..., tensors_held=H)``): more held fragments split the row over more threads.
@@ -26,12 +26,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from harness import bench_many, gbps, make_input_sets  # noqa: E402
 
-from cute_kernels.norms.config import RowConfig, row_config  # noqa: E402
-from cute_kernels.norms.norm import NormBwdSm90, NormConfig, NormFwdSm90  # noqa: E402
-from cute_kernels.norms.norm_op import _build_backward, _build_forward, backward_grid, column_sum  # noqa: E402
+from cute_kernels.rowwise.config import RowConfig, row_config  # noqa: E402
+from cute_kernels.rowwise.norm import NormBwdSm90, NormConfig, NormFwdSm90  # noqa: E402
+from cute_kernels.rowwise.norm_op import _build_backward, _build_forward, backward_grid, column_sum  # noqa: E402
 from cute_kernels.runtime import get_kernel  # noqa: E402
 
 

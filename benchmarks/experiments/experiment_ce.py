@@ -1,7 +1,7 @@
 """Cross-entropy forward + backward through autograd: where the time goes (torch profiler,
 CUDA kernels grouped by name) and the time per call with and without the gradient in place.
 
-    python benchmarks/experiment_ce.py [M V] [--timeline | --host]
+    python benchmarks/experiments/experiment_ce.py [M V] [--timeline | --host]
 
 ``--timeline`` runs the fwd+bwd peers of bench_losses.py first (as the benchmark interleaves
 them), then prints every CUDA kernel of a few of our calls with its start and length, and the
@@ -18,12 +18,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from harness import bench, bench_many, kernel_profile, make_input_sets, try_import  # noqa: E402
 
 import cute_kernels as ck  # noqa: E402
-from cute_kernels.norms.config import row_config  # noqa: E402
-from cute_kernels.norms.cross_entropy_op import _build_forward, vector_width  # noqa: E402
+from cute_kernels.rowwise.config import row_config  # noqa: E402
+from cute_kernels.rowwise.cross_entropy_op import _build_forward, vector_width  # noqa: E402
 from cute_kernels.runtime import get_kernel  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 """Softmax config variants against quack, kernel against kernel (outputs preallocated),
 interleaved rounds. Prints GB/s per variant; the winner goes into ``norms/config.py``.
 
-    python benchmarks/experiment_softmax.py
+    python benchmarks/experiments/experiment_softmax.py
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from harness import bench_many, gbps, make_input_sets, try_import  # noqa: E402
 
-from cute_kernels.norms.config import row_config  # noqa: E402
-from cute_kernels.norms.softmax import SoftmaxBwdSm90, SoftmaxFwdSm90  # noqa: E402
-from cute_kernels.norms.dispatch import row_specs  # noqa: E402
+from cute_kernels.rowwise.config import row_config  # noqa: E402
+from cute_kernels.rowwise.softmax import SoftmaxBwdSm90, SoftmaxFwdSm90  # noqa: E402
+from cute_kernels.rowwise.dispatch import row_specs  # noqa: E402
 from cute_kernels.runtime import get_kernel  # noqa: E402
 
 SHAPES = [(32768, 4096), (16384, 16384), (4096, 131072), (131072, 1024), (65536, 2048)]

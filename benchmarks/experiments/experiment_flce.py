@@ -1,7 +1,7 @@
 """Fused linear cross-entropy: time and peak extra memory per chunk size, and where the time
 goes (torch profiler, CUDA kernels grouped by name) at the default chunk.
 
-    python benchmarks/experiment_flce.py [TOKENS HIDDEN VOCAB]
+    python benchmarks/experiments/experiment_flce.py [TOKENS HIDDEN VOCAB]
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_losses import peak_extra_memory  # noqa: E402
 from harness import bench, kernel_profile  # noqa: E402
 

@@ -1,6 +1,6 @@
 """SM clock and board power while one fp8 GEMM runs back to back (nvidia-smi sampled every 50 ms).
 
-    python benchmarks/experiment_power.py [--shape MxNxK] [--configs s,none,128x192c2,...] [--seconds S]
+    python benchmarks/experiments/experiment_power.py [--shape MxNxK] [--configs s,none,128x192c2,...] [--seconds S]
 
 Configurations: ``s`` the 128 x 256 column-split promotion, ``none`` 128 x 256 without
 promotion, ``TMxTN`` a fold per k-tile; ``cCM`` after any of them sets the cluster's CTAs along M,
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from cute_kernels.gemm.config import Epilogue, GemmConfig  # noqa: E402
 from cute_kernels.gemm.op import compiled_gemm, kernel_specs  # noqa: E402
 from cute_kernels.runtime.arch import sm_count  # noqa: E402

@@ -1,6 +1,6 @@
 """Time GEMM configurations side by side with cuBLAS (L2-cold inputs, interleaved rounds).
 
-    python benchmarks/experiment_gemm.py [--shapes MxNxK,...] [--configs TMxTNxWGxCM[xEPINxEPISTAGES[xSWIZZLE]][nCN][k][p|s][t][wN],...] [--fp8 [--promote N]]
+    python benchmarks/experiments/experiment_gemm.py [--shapes MxNxK,...] [--configs TMxTNxWGxCM[xEPINxEPISTAGES[xSWIZZLE]][nCN][k][p|s][t][wN],...] [--fp8 [--promote N]]
 
 ``nCN`` sets the cluster's CTAs along N (default 1); ``k`` the stream-K tail; a last ``wN`` (fp8)
 folds every N k-tiles instead of ``--promote``. A trailing ``p`` selects the ping-pong
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from harness import bench_many, make_input_sets, tflops  # noqa: E402
 
 from cute_kernels.gemm.config import Epilogue, GemmConfig  # noqa: E402

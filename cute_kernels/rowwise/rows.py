@@ -1,7 +1,7 @@
 """Device-side helpers shared by the row-wise kernels: tiling a (M, N) tensor into per-thread
 register fragments, predicated vector loads and stores, and the reduction workspace.
 
-The tiling follows :class:`~cute_kernels.norms.config.RowConfig`: a CTA owns ``rows_per_cta``
+The tiling follows :class:`~cute_kernels.rowwise.config.RowConfig`: a CTA owns ``rows_per_cta``
 rows and ``cols_per_cta`` columns (one ``cluster_n``-th of each row); thread ``t`` of a row reads
 vectors ``t, t + threads_per_row, ...`` so every warp access is coalesced.
 """

@@ -5,7 +5,7 @@ import time
 import torch
 
 import cute_kernels as ck
-from cute_kernels.norms import softmax_op as so
+from cute_kernels.rowwise import softmax_op as so
 
 
 def per_call(fn, calls=20000):

@@ -1,13 +1,17 @@
 """``nn.Module`` drop-ins for torch's RMSNorm, LayerNorm and CrossEntropyLoss (same constructor
-arguments, same state_dict keys), plus FusedLinearCrossEntropyLoss. On CUDA tensors they run
-this library's kernels; on other devices they fall back to torch's implementation."""
+arguments, same state_dict keys).
+
+Device rule (the same for every module of the library): a module follows its input's device.
+On CUDA tensors it runs this library's kernels; on any other device it computes the same thing
+with torch, so a model moved to the CPU keeps working. The functions (``ck.rms_norm``, ...)
+never fall back: they raise :class:`~cute_kernels.DeviceError` for a non-CUDA tensor."""
 
 from __future__ import annotations
 
 import torch
 
 from ..runtime import UnsupportedError
-from .cross_entropy_op import cross_entropy, fused_linear_cross_entropy
+from .cross_entropy_op import cross_entropy
 from .norm_op import layer_norm, rms_norm
 
 
@@ -70,19 +74,3 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
         logits = input.movedim(1, -1) if input.dim() > 2 else input
         return cross_entropy(logits, target, self.ignore_index, self.label_smoothing,
                              self.reduction, self.lse_square_scale, self.inplace_backward)
-
-
-class FusedLinearCrossEntropyLoss(torch.nn.Module):
-    """Loss of ``hidden @ weight.T (+ bias)`` against ``target`` without materializing the
-    logits (:func:`cute_kernels.fused_linear_cross_entropy`). ``forward(hidden, weight, target,
-    bias=None)``."""
-
-    def __init__(self, ignore_index: int = -100, label_smoothing: float = 0.0,
-                 reduction: str = "mean", chunk_size: int | None = None):
-        super().__init__()
-        self.ignore_index, self.label_smoothing = ignore_index, label_smoothing
-        self.reduction, self.chunk_size = reduction, chunk_size
-
-    def forward(self, hidden, weight, target, bias=None):
-        return fused_linear_cross_entropy(hidden, weight, target, bias, self.ignore_index,
-                                          self.label_smoothing, self.reduction, self.chunk_size)

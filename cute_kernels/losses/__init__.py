@@ -1,0 +1,1 @@
+"""Losses built from several kernel families (composites over gemm/ and rowwise/)."""

@@ -1,0 +1,259 @@
+"""``fused_linear_cross_entropy``: the loss of ``hidden @ weight.T (+ bias)`` without the full
+logits, built from the GEMM family (the logits and the weight gradient) and the row family's
+cross-entropy kernels (the loss, the lse and the logits' gradient in place)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..gemm.config import Epilogue, GemmConfig
+from ..gemm.op import gemm_with_config
+from ..rowwise.config import row_config
+from ..rowwise.cross_entropy_op import (as_rows, check_arguments, cross_entropy_bwd, cross_entropy_fwd,
+                                        mean_scale, scale_rows)
+from ..runtime import DTypeError, UnsupportedError
+from ..runtime.arch import sm_count
+from ..runtime.errors import describe
+
+
+def chunk_rows(tokens: int, hidden: int, vocab: int, itemsize: int, free_bytes: int) -> int:
+    """Tokens per chunk of the fused linear cross-entropy.
+
+    A chunk's logits (rows x vocab) take no more memory than the hidden states themselves, and
+    at most a quarter of the free device memory; the row count is a power of two (at least 64,
+    or all tokens when fewer). Larger chunks run the weight-gradient update fewer times (each
+    update reads and writes the whole weight gradient), smaller ones hold less memory.
+    """
+    budget = min(tokens * hidden * itemsize, free_bytes // 4)
+    rows = max(1, budget // max(1, vocab * itemsize))
+    chunk = 1 << (rows.bit_length() - 1)
+    return max(1, min(tokens, max(64, chunk)))
+
+
+def _gemm_ready(t: torch.Tensor) -> bool:
+    """Row-major with 16-byte-aligned data and rows: the GEMM's TMA reads it as it is."""
+    size = t.element_size()
+    return t.stride(-1) == 1 and (t.stride(0) * size) % 16 == 0 and t.data_ptr() % 16 == 0 \
+        and (t.shape[1] * size) % 16 == 0
+
+
+# Vocabulary columns per slice of the weight-gradient pass while the slices' logits fit in the
+# weight gradient's unwritten rows; narrower slices than the minimum go to a separate buffer.
+SLICE_COLUMNS = (1024, 16384)
+
+
+def _slab_in_place(flat: torch.Tensor, v0: int, tokens: int, hidden: int, vocab: int, align: int):
+    """The widest slice [v0, v0 + width) whose (tokens, width) logits fit in the weight
+    gradient's rows above it (``flat`` is its storage; those rows are written later), and
+    that slab, or (0, None) when it would be narrower than ``SLICE_COLUMNS[0]``."""
+    width = min(SLICE_COLUMNS[1], (vocab - v0) * hidden // (tokens + hidden)) // align * align
+    while width >= SLICE_COLUMNS[0]:
+        stride = -(-width // align) * align
+        start = (vocab * hidden - tokens * stride) // align * align
+        if start >= (v0 + width) * hidden:
+            return width, flat[start: start + tokens * stride].view(tokens, stride)[:, :width]
+        width -= align
+    return 0, None
+
+
+def _weight_grad_by_slices(h2, weight, bias, target, lse, scale, ignore_index, grad_w, budget,
+                           logits_config):
+    """grad_w[v0:v1] = G[:, v0:v1]^T @ h for vocabulary slices: each slice's logits are
+    recomputed (one GEMM), turned into their gradient in place from the stored lse (the
+    backward kernel, targets shifted into the slice), and multiplied by the hidden states
+    straight into the weight gradient: no read-modify-write of grad_w at all.
+
+    The slices' logits live in grad_w's own rows above the slice, which are written only
+    later (slices shrink as those rows run out); the last narrow slices use a separate buffer
+    of at most ``budget`` logits."""
+    tokens, hidden = h2.shape
+    vocab = weight.shape[0]
+    align = 16 // h2.element_size()
+    flat = grad_w.view(-1)
+    outside = -(1 << 62)  # marks ignored rows; no shifted target can equal it
+    counted = target != ignore_index
+    dloss = scale.expand(tokens)
+    tail = None
+    v0 = 0
+    while v0 < vocab:
+        width, logits = _slab_in_place(flat, v0, tokens, hidden, vocab, align)
+        if logits is None:
+            if tail is None:
+                columns = max(align, min(SLICE_COLUMNS[0], budget // max(tokens, 1)) // align * align)
+                tail = torch.empty((tokens, columns), dtype=h2.dtype, device=h2.device)
+            width = min(tail.shape[1], vocab - v0)
+            logits = tail[:, :width]
+        v1 = v0 + width
+        gemm_with_config(h2, weight[v0:v1].t(), logits, None if bias is None else bias[v0:v1],
+                         logits_config)
+        shifted = torch.where(counted, target.to(torch.int64) - v0, outside)
+        cross_entropy_bwd(logits, shifted, lse, dloss, logits, outside, 0.0, 0.0)
+        gemm_with_config(logits.t(), h2, grad_w[v0:v1], None,
+                         dataclasses.replace(logits_config, epilogue=Epilogue()))
+        v0 = v1
+
+
+class _FusedLinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, target, bias, ignore_index, smoothing, reduction, chunk):
+        h2, t2 = as_rows(hidden), target.reshape(-1)
+        tokens, vocab = h2.shape[0], weight.shape[0]
+        device = hidden.device
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        need_b = bias is not None and ctx.needs_input_grad[3]
+        grads = need_h or need_w or need_b
+        loss_rows = torch.empty(tokens, dtype=torch.float32, device=device)
+        lse = torch.empty(tokens, dtype=torch.float32, device=device)
+        scale = (mean_scale(t2, ignore_index) if reduction == "mean"
+                 else torch.ones(1, dtype=torch.float32, device=device))
+        # Without label smoothing the weight gradient comes from a second pass over vocabulary
+        # slices (see ``fused_linear_cross_entropy``); otherwise it accumulates chunk by chunk.
+        by_slices = (need_w and smoothing == 0.0 and tokens > 0 and hidden.dtype != torch.float32
+                     and _gemm_ready(h2) and _gemm_ready(weight))
+        grad_h = torch.empty_like(h2) if need_h else None
+        grad_w = (torch.empty_like(weight) if by_slices else torch.zeros_like(weight)) if need_w else None
+        grad_b = torch.zeros(vocab, dtype=torch.float32, device=device) if need_b else None
+        budget_rows = chunk_rows(tokens, h2.shape[1], vocab, h2.element_size(),
+                                 torch.cuda.mem_get_info(device)[0])
+        align = 16 // h2.element_size()
+        row_stride = -(-vocab // align) * align if by_slices else vocab
+        # With the slice pass the weight gradient is written only after the chunks: until then
+        # its storage holds the chunks' logits, so chunks can be as large as it is.
+        scratch_rows = grad_w.numel() // row_stride if by_slices else 0
+        if chunk is None:
+            chunk = scratch_rows if scratch_rows else budget_rows
+        # With the slice pass, both passes compute logits with the project's GEMM in one fixed
+        # configuration (same MMA instruction, same order of the K sum), so the recomputed
+        # logits are bitwise the ones the lse came from: logits rounded differently would make
+        # exp(x - lse) sum to other than 1. Its TMA store needs 16-byte rows: the buffer is padded.
+        logits_config = GemmConfig(128, 256, 1, 1, 8, sm_count(device.index or 0),
+                                   epilogue=Epilogue(bias=bias is not None))
+        rows = min(chunk, tokens)
+        if 0 < rows <= scratch_rows:
+            buffer = grad_w.view(-1)[: rows * row_stride].view(rows, row_stride)
+        else:
+            buffer = torch.empty((rows, row_stride), dtype=hidden.dtype, device=device)
+        w_t = weight.t()
+        for start in range(0, tokens, chunk):
+            end = min(start + chunk, tokens)
+            h, logits = h2[start:end], buffer[: end - start, :vocab]
+            if by_slices:
+                gemm_with_config(h, w_t, logits, bias, logits_config)
+            elif bias is None:
+                torch.mm(h, w_t, out=logits)
+            else:
+                torch.addmm(bias, h, w_t, out=logits)
+            cross_entropy_fwd(logits, t2[start:end], loss_rows[start:end], lse[start:end],
+                              logits if grads else None, scale, ignore_index, smoothing, 0.0)
+            if need_h:
+                torch.mm(logits, weight, out=grad_h[start:end])
+            if need_w and not by_slices:
+                grad_w.addmm_(logits.t(), h)
+            if need_b:
+                grad_b += logits.sum(0, dtype=torch.float32)
+        if by_slices:
+            del buffer, logits, h  # the chunk buffer's memory goes back before the slice pass
+            _weight_grad_by_slices(h2, weight, bias, t2, lse, scale, ignore_index, grad_w,
+                                   budget_rows * vocab, logits_config)
+        ctx.save_for_backward(grad_h, grad_w, grad_b)
+        ctx.shapes = (hidden.shape, None if bias is None else bias.dtype)
+        total = loss_rows.sum()  # rows already divided by the counted rows for "mean"
+        return (total * scale).reshape(()) if tokens == 0 else total  # an empty mean is NaN
+
+    @staticmethod
+    def backward(ctx, dloss):
+        grad_h, grad_w, grad_b = ctx.saved_tensors
+        hidden_shape, bias_dtype = ctx.shapes
+        scale = dloss.float().reshape(1)  # device-side: no traffic at all when it is 1
+        if grad_h is not None:
+            if grad_h.numel():
+                scale_rows(grad_h, scale)
+            grad_h = grad_h.view(hidden_shape)
+        if grad_w is not None and grad_w.numel():
+            scale_rows(grad_w, scale)
+        if grad_b is not None:
+            grad_b = (grad_b * dloss).to(bias_dtype)
+        return grad_h, grad_w, None, grad_b, None, None, None, None
+
+
+def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: int = -100,
+                               label_smoothing: float = 0.0, reduction: str = "mean",
+                               chunk_size: int | None = None):
+    """``cross_entropy(hidden @ weight.T + bias, target)`` without materializing the logits.
+
+    Tokens are processed in chunks: the chunk's logits come from one GEMM, the cross-entropy
+    kernel turns them into their gradient in place, and that gradient feeds the hidden (and
+    bias) gradients right away, so at most one chunk of logits exists at a time. The weight
+    gradient then comes from a second pass over vocabulary slices of the same size: each
+    slice's logits are recomputed, turned into their gradient from the stored lse, and
+    multiplied by the hidden states straight into that slice of the weight gradient. One GEMM
+    more than accumulating the weight gradient chunk by chunk, but no read-modify-write of the
+    (V, H) weight gradient per chunk, which is memory-bound and cost more. The weight gradient's
+    own storage, not yet written, holds the chunks' logits and then the slices' (above the
+    slice being written), so the extra memory is the two gradients and a small buffer for the
+    last slices. With label smoothing the weight gradient accumulates chunk by chunk in chunks
+    of :func:`chunk_rows` tokens. Gradients are computed during the forward and scaled by the
+    incoming gradient in the backward.
+
+    Args:
+        hidden: (..., H) CUDA tensor, float32 / float16 / bfloat16.
+        weight: (V, H), hidden's dtype.  bias: optional (V,).
+        target: (...) int64 / int32 class indices.
+        reduction: "mean" or "sum".
+        chunk_size: tokens per chunk (default: as many as the weight gradient's storage holds
+            with the slice pass, else :func:`chunk_rows`; a larger one gets its own buffer).
+
+    Constraints:
+      - the weight gradient accumulates chunk by chunk in the weight's dtype (instead of the
+        second pass) with label smoothing, float32 inputs, or hidden / weight rows that are not
+        16-byte aligned
+      - V up to 524288; label smoothing as in :func:`cross_entropy`
+    """
+    check_arguments(hidden, target, ignore_index, label_smoothing, reduction, 0.0, what="hidden")
+    if reduction == "none":
+        raise UnsupportedError("fused_linear_cross_entropy supports reduction='mean' or 'sum'")
+    if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise UnsupportedError(
+            f"weight must be (V, H) with H = hidden.shape[-1] = {hidden.shape[-1]}, got "
+            f"{describe(weight)}"
+        )
+    if weight.device != hidden.device or weight.dtype != hidden.dtype:
+        raise DTypeError(f"weight must be on {hidden.device} with dtype {hidden.dtype}: {describe(weight)}")
+    if bias is not None and (tuple(bias.shape) != (weight.shape[0],) or bias.device != hidden.device):
+        raise UnsupportedError(f"bias must be ({weight.shape[0]},) on {hidden.device}: {describe(bias)}")
+    if tuple(target.shape) != tuple(hidden.shape[:-1]):
+        raise UnsupportedError(
+            f"target {tuple(target.shape)} must have hidden's shape without the last dim "
+            f"{tuple(hidden.shape[:-1])}"
+        )
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise UnsupportedError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    row_config(weight.shape[0], 1, 4, tensors_held=1)
+    return _FusedLinearCrossEntropy.apply(hidden, weight, target, bias, ignore_index,
+                                          float(label_smoothing), reduction, chunk_size)
+
+
+class FusedLinearCrossEntropyLoss(torch.nn.Module):
+    """Loss of ``hidden @ weight.T (+ bias)`` against ``target`` without materializing the
+    logits (:func:`fused_linear_cross_entropy`). ``forward(hidden, weight, target, bias=None)``.
+
+    Like every module of the library it follows its input's device: off CUDA it computes
+    ``F.cross_entropy(F.linear(hidden, weight, bias), target)`` with torch."""
+
+    def __init__(self, ignore_index: int = -100, label_smoothing: float = 0.0,
+                 reduction: str = "mean", chunk_size: int | None = None):
+        super().__init__()
+        self.ignore_index, self.label_smoothing = ignore_index, label_smoothing
+        self.reduction, self.chunk_size = reduction, chunk_size
+
+    def forward(self, hidden, weight, target, bias=None):
+        if not hidden.is_cuda:
+            logits = torch.nn.functional.linear(hidden, weight, bias)
+            return torch.nn.functional.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
+                ignore_index=self.ignore_index, label_smoothing=self.label_smoothing,
+                reduction=self.reduction)
+        return fused_linear_cross_entropy(hidden, weight, target, bias, self.ignore_index,
+                                          self.label_smoothing, self.reduction, self.chunk_size)

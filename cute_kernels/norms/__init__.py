@@ -1,1 +1,0 @@
-"""Row-wise kernels: softmax (and, later, norms and losses)."""

@@ -1,0 +1,28 @@
+"""Hardware named barriers (``bar.sync`` / ``bar.arrive`` ids) by name, one enum per kernel
+family, so that two roles of one kernel never share an id by accident.
+
+Id 0 is ``__syncthreads`` (``cute.arch.barrier()`` with no id); ids 1-15 are free for a kernel
+to use. A barrier counts ``number_of_threads`` arrivals (a multiple of 32) before it releases.
+"""
+
+from __future__ import annotations
+
+import enum
+
+MAX_BARRIER_ID = 15
+
+
+class GemmBarrier(enum.IntEnum):
+    """The dense GEMM's (``gemm/kernel_sm90.py``) barriers."""
+
+    # Epilogue of MMA warpgroup 0 (128 threads): its sub-tile written to shared memory before
+    # its store warp issues the TMA store, and the buffer free again. Warpgroup w uses
+    # ``EPILOGUE + w``.
+    EPILOGUE = 1
+    # Ping-pong (256 threads): warpgroup 0 has issued its mainloop's last MMAs, warpgroup 1 may
+    # start its own (``MAINLOOP_DONE + 0``), and the other way round (``MAINLOOP_DONE + 1``).
+    MAINLOOP_DONE = 3
+    # Stream-K (every MMA thread): the partial sum is in the workspace before its flag is set,
+    # and the flag seen before the partial is read.
+    STREAM_K = 5
+

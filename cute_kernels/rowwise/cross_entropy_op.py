@@ -1,0 +1,279 @@
+"""``cross_entropy``: torch-facing ops and autograd."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..runtime import (DTypeError, ScalarSpec, StreamSpec, Sym, TensorSpec, UnsupportedError, get_kernel,
+                       kernel_op)
+from ..runtime.errors import check_tensor, describe
+from .config import row_config
+from .cross_entropy import (CrossEntropyBwdSm90, CrossEntropyConfig, CrossEntropyFwdSm90,
+                            InverseCountSm90, ScaleRowsSm90)
+from .dispatch import RowKernels, row_specs, vector_width, widest_itemsize
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+TARGET_DTYPES = (torch.int64, torch.int32)
+REDUCTIONS = ("mean", "sum", "none")
+
+_ROW_STAT = TensorSpec("float32", (Sym("m"),), (1,), 4)
+_ROW_SCALE = TensorSpec("float32", (Sym("m"),), (Sym(),), 4)  # may be a broadcast scalar
+_SCALE = TensorSpec("float32", (1,), (1,), 4)
+
+
+def _target_spec(dtype):
+    name = str(dtype).removeprefix("torch.")
+    return TensorSpec(name, (Sym("m"),), (1,), 8 if dtype == torch.int64 else 4)
+
+
+def _build_forward(key, vec):
+    x_t, target_t, grad_t, smoothing, z_loss, scaled, n = key
+    rows = row_config(n, vec, widest_itemsize((x_t, grad_t)), tensors_held=1)
+    # Direct loads, so the target's dependent scalar loads overlap the row's.
+    rows = dataclasses.replace(rows, stage_smem=False)
+    config = CrossEntropyConfig(rows, smoothing, z_loss, grad_t is not None, scaled)
+    x = row_specs((x_t,), n, vec)
+    grad = None if grad_t is None else row_specs((grad_t,), n, vec)[0]
+    specs = (x[0], _target_spec(target_t), _ROW_STAT, _ROW_STAT, grad,
+             _SCALE if scaled else None, ScalarSpec("int64"), ScalarSpec("float32"),
+             ScalarSpec("float32"), x[-1])
+    return CrossEntropyFwdSm90, config, specs
+
+
+def _build_backward(key, vec):
+    x_t, target_t, grad_t, smoothing, z_loss, n = key
+    rows = row_config(n, vec, widest_itemsize((x_t, grad_t)), tensors_held=1)
+    config = CrossEntropyConfig(rows, smoothing, z_loss)
+    x, grad = row_specs((x_t, grad_t), n, vec)[:2]
+    specs = (x, _target_spec(target_t), _ROW_STAT, _ROW_SCALE, grad, ScalarSpec("int64"),
+             ScalarSpec("float32"), ScalarSpec("float32"), row_specs((), n, vec)[-1])
+    return CrossEntropyBwdSm90, config, specs
+
+
+def _build_scale(key, vec):
+    x_t, n = key
+    rows = dataclasses.replace(row_config(n, vec, widest_itemsize((x_t,)), tensors_held=1), stage_smem=False)
+    x = row_specs((x_t,), n, vec)
+    return ScaleRowsSm90, rows, (x[0], _SCALE, x[-1])
+
+
+_forward_kernels = RowKernels(_build_forward)
+_backward_kernels = RowKernels(_build_backward)
+_scale_kernels = RowKernels(_build_scale)
+
+
+_count_kernels: dict = {}
+
+
+@kernel_op("inverse_count", mutates_args=("scale",))
+def inverse_count(target: torch.Tensor, scale: torch.Tensor, ignore_index: int) -> None:
+    """scale[0] = 1 / (number of entries of the 1-D ``target`` other than ``ignore_index``),
+    inf when there are none; on the device, no synchronization."""
+    fn = _count_kernels.get(target.dtype)
+    if fn is None:
+        specs = (_target_spec(target.dtype), _SCALE, ScalarSpec("int64"), StreamSpec())
+        fn = _count_kernels[target.dtype] = get_kernel(InverseCountSm90, None, specs)
+    fn(target, scale, ignore_index)
+
+
+@kernel_op("scale_rows", mutates_args=("x",))
+def scale_rows(x: torch.Tensor, scale: torch.Tensor) -> None:
+    """x[M, N] *= scale (a 1-element fp32 tensor), in place; nothing moves when scale is 1."""
+    _scale_kernels((x.dtype, x.shape[1]), (x,), x, scale)
+
+
+@kernel_op(
+    "cross_entropy_fwd",
+    mutates_args=("loss", "lse", "grad"),
+    schema="(Tensor logits, Tensor target, Tensor(a!) loss, Tensor(b!) lse, Tensor(c!)? grad, "
+    "Tensor? grad_scale, int ignore_index, float label_smoothing, float lse_square_scale) -> ()",
+)
+def cross_entropy_fwd(logits, target, loss, lse, grad, grad_scale, ignore_index: int,
+                      label_smoothing: float, lse_square_scale: float) -> None:
+    """Per-row loss and lse of (M, V) logits; with ``grad``, also dloss/dlogits (``grad`` may be
+    ``logits`` itself). With ``grad_scale``, the loss and gradient rows are times grad_scale[0].
+    M >= 1."""
+    key = (logits.dtype, target.dtype, None if grad is None else grad.dtype, label_smoothing > 0,
+           lse_square_scale > 0, grad_scale is not None, logits.shape[1])
+    tensors = (logits,) if grad is None or grad is logits else (logits, grad)
+    _forward_kernels(key, tensors, logits, target, loss, lse, grad, grad_scale, ignore_index,
+                     label_smoothing, lse_square_scale)
+
+
+@kernel_op(
+    "cross_entropy_bwd",
+    mutates_args=("grad",),
+    schema="(Tensor logits, Tensor target, Tensor lse, Tensor dloss, Tensor(a!) grad, "
+    "int ignore_index, float label_smoothing, float lse_square_scale) -> ()",
+)
+def cross_entropy_bwd(logits, target, lse, dloss, grad, ignore_index: int, label_smoothing: float,
+                      lse_square_scale: float) -> None:
+    """grad[M, V] = dloss[row] * dloss_row/dlogits, from the logits and the stored lse."""
+    key = (logits.dtype, target.dtype, grad.dtype, label_smoothing > 0, lse_square_scale > 0,
+           logits.shape[1])
+    _backward_kernels(key, (logits, grad), logits, target, lse, dloss, grad, ignore_index,
+                      label_smoothing, lse_square_scale)
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def check_arguments(logits, target, ignore_index, label_smoothing, reduction, lse_square_scale, what="logits"):
+    check_tensor(what, logits, FLOAT_DTYPES)
+    check_tensor("target", target, TARGET_DTYPES, logits)
+    if reduction not in REDUCTIONS:
+        raise UnsupportedError(f"reduction={reduction!r}; supported: {REDUCTIONS}")
+    if not 0.0 <= float(label_smoothing) <= 1.0:
+        raise UnsupportedError(f"label_smoothing={label_smoothing} must be in [0, 1]")
+    if not float(lse_square_scale) >= 0.0:
+        raise UnsupportedError(f"lse_square_scale={lse_square_scale} must be >= 0")
+    if not isinstance(ignore_index, int) or isinstance(ignore_index, bool):
+        raise UnsupportedError(f"ignore_index must be an int, got {ignore_index!r}")
+
+
+def as_rows(t: torch.Tensor) -> torch.Tensor:
+    if t.stride(-1) != 1:
+        t = t.contiguous()
+    return t.reshape(-1, t.shape[-1])
+
+
+def mean_scale(t2: torch.Tensor, ignore_index: int) -> torch.Tensor:
+    """(1,) fp32: 1 / the number of counted targets (inf when none), computed on the device."""
+    scale = torch.empty(1, dtype=torch.float32, device=t2.device)
+    inverse_count(t2, scale, ignore_index)
+    return scale
+
+
+class _CrossEntropy(torch.autograd.Function):
+    """With reduction "mean" or "sum" and a gradient needed, the forward writes the gradient
+    (for an incoming gradient of 1) while it reads the logits, and the backward only scales it:
+    the logits are read once in all. With reduction "none" the backward recomputes the gradient
+    from the logits and the stored lse. For "mean" the kernel stores each row's loss already
+    divided by the number of counted rows, so the loss is the sum of the rows."""
+
+    @staticmethod
+    def forward(ctx, logits, target, ignore_index, smoothing, reduction, z, inplace):
+        x2, t2 = as_rows(logits), target.reshape(-1)
+        m = x2.shape[0]
+        loss_rows = torch.empty(m, dtype=torch.float32, device=logits.device)
+        lse = torch.empty(m, dtype=torch.float32, device=logits.device)
+        fused = reduction != "none" and any(ctx.needs_input_grad)
+        grad = (x2 if inplace else torch.empty_like(x2)) if fused else None
+        scale = mean_scale(t2, ignore_index) if reduction == "mean" else None
+        if m:
+            cross_entropy_fwd(x2, t2, loss_rows, lse, grad, scale, ignore_index, smoothing, z)
+        ctx.args = (ignore_index, smoothing, reduction, z, fused, logits.shape)
+        if fused:
+            ctx.save_for_backward(grad)
+        else:
+            ctx.save_for_backward(x2, t2, lse)
+        if reduction == "none":
+            return loss_rows.view(target.shape)
+        if m == 0 and scale is not None:
+            return (loss_rows.sum() * scale).reshape(())  # 0 * inf = NaN: the mean of nothing, as torch
+        return loss_rows.sum()
+
+    @staticmethod
+    def backward(ctx, dloss):
+        ignore_index, smoothing, reduction, z, fused, shape = ctx.args
+        if fused:
+            (grad,) = ctx.saved_tensors
+            if grad.shape[0]:
+                scale_rows(grad, dloss.float().reshape(1))
+            return grad.view(shape), None, None, None, None, None, None
+        x2, t2, lse = ctx.saved_tensors
+        m = x2.shape[0]
+        drows = dloss.float().reshape(m)
+        grad = torch.empty_like(x2)
+        if m:
+            cross_entropy_bwd(x2, t2, lse, drows, grad, ignore_index, smoothing, z)
+        return grad.view(shape), None, None, None, None, None, None
+
+
+def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: float = 0.0,
+                  reduction: str = "mean", lse_square_scale: float = 0.0,
+                  inplace_backward: bool = False):
+    """Cross-entropy of ``logits`` (..., V) against class indices ``target`` (...).
+
+    The class dim is the last one (``F.cross_entropy`` takes it at dim 1). The loss is fp32.
+
+    Args:
+        logits: CUDA tensor, float32 / float16 / bfloat16.
+        target: int64 or int32, logits' shape without the last dim.
+        ignore_index: rows with this target count 0 and are left out of the mean.
+        label_smoothing: eps in [0, 1]: the target distribution is (1 - eps) one-hot + eps / V.
+        reduction: "mean" (over counted rows; NaN if none, as torch), "sum" or "none".
+        lse_square_scale: z-loss, adds ``scale * lse^2`` per counted row.
+        inplace_backward: write the gradient over ``logits`` (whose values are lost) instead
+            of a new buffer, saving one logits-sized allocation. Not with reduction="none";
+            eager mode only (under torch.compile the regular path runs).
+
+    With a gradient needed and reduction "mean" or "sum", the gradient is computed in the
+    forward (the logits are read once) and kept until the backward, which scales it by the
+    incoming gradient (no memory traffic when that is 1).
+
+    Constraints:
+      - V up to 524288
+      - a target outside [0, V) that is not ``ignore_index`` gives a NaN loss for its row (no
+        device assert, never an out-of-bounds read)
+    """
+    check_arguments(logits, target, ignore_index, label_smoothing, reduction, lse_square_scale)
+    if logits.dim() == 0 or tuple(target.shape) != tuple(logits.shape[:-1]):
+        raise UnsupportedError(
+            f"target must have logits' shape without the class dim: logits {tuple(logits.shape)}, "
+            f"target {tuple(target.shape)}"
+        )
+    if inplace_backward and reduction == "none":
+        raise UnsupportedError("inplace_backward needs reduction='mean' or 'sum'")
+    if logits.shape[-1] == 0:
+        raise UnsupportedError("logits must have at least one class")
+    row_config(logits.shape[-1], 1, 4, tensors_held=1)  # refuse rows too long before running
+    needs_grad = logits.requires_grad and torch.is_grad_enabled()
+    inplace = bool(inplace_backward and needs_grad and not torch.compiler.is_compiling())
+    return _CrossEntropy.apply(logits, target, ignore_index, float(label_smoothing), reduction,
+                               float(lse_square_scale), inplace)
+
+
+# ----------------------------------------------------------------------------- configurations
+
+SAMPLE_VOCABS = (1, 7, 1000, 4096, 32000, 32768, 128256, 131072, 262144)
+
+
+def compile_configurations(quick: bool = False):
+    """(kernel class, config, specs) for the cross-entropy kernels: forward with and without
+    the gradient, backward; with and without label smoothing and z-loss; bf16 / fp16 / fp32."""
+    found = {}
+    vocabs = (7, 32768, 128256) if quick else SAMPLE_VOCABS
+    dtypes = (torch.bfloat16,) if quick else (torch.bfloat16, torch.float16, torch.float32)
+    for x_t in dtypes:
+        for n in vocabs:
+            vec = vector_width(n, widest_itemsize((x_t,)), 0)
+            found[("scale", x_t, n)] = _build_scale((x_t, n), vec)
+            for smoothing, z in ((False, False), (True, True)):
+                for grad_t, scaled in ((None, False), (None, True), (x_t, False), (x_t, True)):
+                    key = (x_t, torch.int64, grad_t, smoothing, z, scaled, n)
+                    found[("fwd",) + key] = _build_forward(key, vec)
+                key = (x_t, torch.int64, x_t, smoothing, z, n)
+                found[("bwd",) + key] = _build_backward(key, vec)
+    for t in (torch.int64, torch.int32):
+        found[("count", t)] = (InverseCountSm90, None, (_target_spec(t), _SCALE, ScalarSpec("int64"), StreamSpec()))
+    return list(found.values())
+
+
+def self_checks():
+    """Rows of the ``python -m cute_kernels`` table for cross-entropy."""
+    from ..reference import cross_entropy_ref
+    from ..runtime.selfcheck import SelfCheck
+
+    checks = []
+    for m, v in ((4096, 32768), (512, 128256)):
+        x = torch.randn(m, v, device="cuda", dtype=torch.bfloat16)
+        t = torch.randint(0, v, (m,), device="cuda")
+        ref = cross_entropy_ref(x, t, reduction="none")
+        checks.append(SelfCheck(
+            "cross_entropy", f"{m}x{v}", "bfloat16",
+            lambda x=x, t=t: cross_entropy(x, t, reduction="none"),
+            lambda x=x, t=t: torch.nn.functional.cross_entropy(x, t, reduction="none"), ref, 1e-3))
+    return checks
