@@ -4,6 +4,7 @@
     y = ck.softmax(x, dim=-1)
 """
 
+from . import _dsl  # noqa: F401  (the DSL on sys.path before anything imports cutlass)
 from .gemm.op import gemm, gemm_fp8
 from .losses.fused_linear_cross_entropy import FusedLinearCrossEntropyLoss, fused_linear_cross_entropy
 from .rowwise.cross_entropy_op import cross_entropy

@@ -64,6 +64,14 @@ class GemmConfig:
     epi_n: int = 32  # output columns per epilogue sub-tile (one TMA store each)
     epi_stages: int = 4  # shared-memory buffers of epilogue sub-tiles (stores in flight)
 
+    # The self-check's short name: "128x256 c2x1" (tile, cluster), then the other fields that
+    # differ from their defaults.
+    label_fields = ("tile_m", "tile_n", "cluster_m", "cluster_n", "max_clusters")
+
+    @property
+    def label(self) -> str:
+        return f"{self.tile_m}x{self.tile_n} c{self.cluster_m}x{self.cluster_n}"
+
     @property
     def mma_warpgroups(self) -> int:
         return self.warpgroups or (2 if self.pingpong or self.tile_m > 64 else 1)

@@ -553,7 +553,7 @@ class GemmSm90:
         size = cute.size(acc)
         slot = cluster * (self.config.cluster_m * self.config.cluster_n) + rank
         base = slot * (threads * size)
-        for v in cutlass.range_constexpr(size):
+        for v in cutlass.range(size, unroll_full=True):
             mWork[base + v * threads + tidx] = acc[v]
         cute.arch.fence_acq_rel_gpu()
         cute.arch.barrier(barrier_id=int(GemmBarrier.STREAM_K), number_of_threads=threads)
@@ -586,7 +586,7 @@ class GemmSm90:
                     cute.arch.barrier(barrier_id=int(GemmBarrier.STREAM_K), number_of_threads=threads)
                     cute.arch.fence_acq_rel_gpu()
                     base = slot * (threads * size)
-                    for v in cutlass.range_constexpr(size):
+                    for v in cutlass.range(size, unroll_full=True):
                         acc[v] = acc[v] + mWork[base + v * threads + tidx]
                 other -= 1
                 more = other >= 0

@@ -26,6 +26,16 @@ class RowConfig:
     cluster_n: int  # CTAs sharing one row
     stage_smem: bool = False  # load through shared memory with cp.async instead of directly
 
+    # The self-check's short name: "n4096 v8 128/256t c2" (row length, vector width, threads
+    # per row / per CTA, cluster), then " smem" when staged.
+    label_fields = ("n", "vec", "threads_per_row", "num_threads", "cluster_n", "stage_smem")
+
+    @property
+    def label(self) -> str:
+        cluster = f" c{self.cluster_n}" if self.cluster_n > 1 else ""
+        smem = " smem" if self.stage_smem else ""
+        return f"n{self.n} v{self.vec} {self.threads_per_row}/{self.num_threads}t{cluster}{smem}"
+
     @property
     def rows_per_cta(self) -> int:
         return self.num_threads // self.threads_per_row

@@ -15,6 +15,15 @@ Two levels of caching:
   to any kernel invalidates everything compiled before it. A per-key file lock makes parallel
   processes compile a key once; the others load what the first one wrote.
   ``CUTE_KERNELS_DISK_CACHE=0`` turns the disk side off.
+
+Kernels compiled without a GPU (``CUTE_KERNELS_ARCH=sm_90a``) go to the same disk cache under
+the same key, so a GPU of that arch loads them instead of compiling: ``python -m cute_kernels
+precompile`` fills a cache for a deployment image or a test machine. The self-check's PTX
+reports are kept beside the objects (``<key>.report.json``), so a second self-check reads them.
+
+``CUTE_KERNELS_RECORD=FILE`` appends one line per kernel a process uses (``record_line``), which
+``precompile --from FILE`` compiles on another machine: the kernels a workload needs, built
+ahead of time for the machine that will run it.
 """
 
 from __future__ import annotations
@@ -24,9 +33,9 @@ import fcntl
 import functools
 import hashlib
 import io
+import json
 import os
 import re
-import sys
 import tempfile
 import threading
 import time
@@ -130,9 +139,10 @@ def _hash_tree(h, root: Path) -> None:
 
 @functools.lru_cache(maxsize=1)
 def source_fingerprint() -> str:
-    """Hash of this package's source plus the DSL, TVM-FFI and Python versions."""
+    """Hash of this package's source plus the DSL and TVM-FFI versions. (Not Python's: the
+    compiled objects are machine code behind a C ABI, so a cache built under one Python serves
+    another.)"""
     h = hashlib.sha256()
-    h.update(f"py{sys.version_info[0]}.{sys.version_info[1]}".encode())
     h.update(f"cutlass-dsl={cutlass.__version__};tvm-ffi={tvm_ffi.__version__}".encode())
     _hash_tree(h, Path(__file__).resolve().parent.parent)
     return h.hexdigest()[:24]
@@ -173,6 +183,50 @@ def _qualname(kernel_cls: type) -> str:
     return f"{kernel_cls.__module__}.{kernel_cls.__qualname__}"
 
 
+def cache_key(kernel_cls: type, config, specs: tuple, arch: str) -> str:
+    """The disk cache's file stem for one kernel: a digest of its class, config, specs and arch."""
+    key_text = repr((_qualname(kernel_cls), config, tuple(specs), arch))
+    return hashlib.sha256(key_text.encode()).hexdigest()[:32]
+
+
+def cache_folder() -> Path:
+    folder = cache_dir() / source_fingerprint()
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def record_line(kernel_cls: type, config, specs: tuple, arch: str) -> str:
+    """One line naming a kernel: ``kernel class<TAB>repr(config)<TAB>repr(specs)<TAB>arch``
+    (``precompile --from`` reads it back with :func:`parse_record_line`)."""
+    return "\t".join((_qualname(kernel_cls), repr(config), repr(tuple(specs)), arch))
+
+
+def parse_record_line(line: str):
+    """(kernel class, config, specs, arch) from a :func:`record_line`. The config and specs are
+    read back by evaluating their reprs with only the kernel's module, the spec classes and
+    the config classes it names in scope (no builtins)."""
+    import importlib
+
+    qualname, config_text, specs_text, arch = line.rstrip("\n").split("\t")
+    module_name, _, class_name = qualname.rpartition(".")
+    module = importlib.import_module(module_name)
+    names = {k: v for k, v in vars(module).items() if isinstance(v, type)}
+    names.update(Sym=Sym, TensorSpec=TensorSpec, ScalarSpec=ScalarSpec, StreamSpec=StreamSpec)
+    for value in list(names.values()):  # config classes the kernel module imported by module
+        for field in getattr(value, "__dataclass_fields__", {}).values():
+            if isinstance(field.type, type):
+                names.setdefault(field.type.__name__, field.type)
+    scope = {"__builtins__": {}, **names}
+    return getattr(module, class_name), eval(config_text, scope), eval(specs_text, scope), arch
+
+
+def _record(kernel_cls, config, specs, arch) -> None:
+    path = os.environ.get("CUTE_KERNELS_RECORD")
+    if path:
+        with open(path, "a") as f:
+            f.write(record_line(kernel_cls, config, specs, arch) + "\n")
+
+
 def _compile_options(arch: str, extra: str = "") -> str:
     return f"--enable-tvm-ffi --gpu-arch {arch} {extra}".strip()
 
@@ -207,6 +261,7 @@ class KernelCache:
             if fn is None:
                 fn = self._load_or_compile(kernel_cls, config, specs, arch)
                 self._kernels[key] = fn
+                _record(kernel_cls, config, specs, arch)
         return fn
 
     def clear_memory(self) -> None:
@@ -240,10 +295,8 @@ class KernelCache:
     def _load_or_compile(self, kernel_cls, config, specs, arch):
         if not disk_cache_enabled():
             return self._callable(self._compile(kernel_cls, config, specs, arch))
-        key_text = repr((_qualname(kernel_cls), config, specs, arch))
-        digest = hashlib.sha256(key_text.encode()).hexdigest()[:32]
-        folder = cache_dir() / source_fingerprint()
-        folder.mkdir(parents=True, exist_ok=True)
+        digest = cache_key(kernel_cls, config, specs, arch)
+        folder = cache_folder()
         obj = folder / f"{digest}.o"
         with _file_lock(folder / f"{digest}.lock"):
             if obj.exists():
@@ -252,9 +305,7 @@ class KernelCache:
                 except Exception:
                     obj.unlink(missing_ok=True)  # a truncated or stale object: rebuild it
             compiled = self._compile(kernel_cls, config, specs, arch)
-            tmp = Path(tempfile.mkstemp(dir=folder, suffix=".o.tmp")[1])
-            compiled.export_to_c(object_file_path=str(tmp), function_name=EXPORT_NAME)
-            os.replace(tmp, obj)
+            export_object(compiled, obj)
             return self._callable(compiled)
 
     def _load(self, obj: Path):
@@ -265,12 +316,24 @@ class KernelCache:
         return fn
 
 
+def export_object(compiled, obj: Path) -> None:
+    """Write a compiled kernel's object file to ``obj`` atomically (a temporary file, renamed)."""
+    tmp = Path(tempfile.mkstemp(dir=obj.parent, suffix=".o.tmp")[1])
+    compiled.export_to_c(object_file_path=str(tmp), function_name=EXPORT_NAME)
+    os.replace(tmp, obj)
+
+
 KERNELS = KernelCache()
 
 
 def get_kernel(kernel_cls: type, config, specs: tuple, arch: str | None = None) -> Callable:
     """The compiled kernel for this class, config and argument signature (see module doc)."""
     return KERNELS.get(kernel_cls, config, tuple(specs), arch)
+
+
+# Instructions a report remembers when it is kept on disk without its PTX.
+REPORTED_INSTRUCTIONS = ("wgmma.mma_async", "cp.async.bulk.tensor", "setmaxnreg", "stmatrix",
+                         "ld.local", "st.local")
 
 
 @dataclass(frozen=True)
@@ -290,9 +353,16 @@ class CompileReport:
     # waits for the previous one, e.g. for want of registers), one line each.
     wgmma_serialized: tuple = ()
     cubins: tuple = ()  # the ELF images, with ``inspect_kernel(..., keep_cubin=True)`` only
+    # Which of REPORTED_INSTRUCTIONS the PTX has (what a report read from disk still knows).
+    instructions: frozenset = frozenset()
+    cached: bool = False  # read from the disk cache rather than compiled now
 
     def has(self, instruction: str) -> bool:
-        return instruction in self.ptx
+        if self.ptx:
+            return instruction in self.ptx
+        if instruction not in REPORTED_INSTRUCTIONS:
+            raise ValueError(f"a cached report knows only {REPORTED_INSTRUCTIONS}, not {instruction!r}")
+        return instruction in self.instructions
 
     @property
     def local_memory(self) -> bool:
@@ -300,8 +370,8 @@ class CompileReport:
         return (
             self.spill_stores > 0
             or self.spill_loads > 0
-            or "ld.local" in self.ptx
-            or "st.local" in self.ptx
+            or self.has("ld.local")
+            or self.has("st.local")
         )
 
     def summary(self) -> dict:
@@ -315,6 +385,26 @@ class CompileReport:
             "wgmma_serialized": bool(self.wgmma_serialized),
         }
 
+    def to_json(self) -> str:
+        return json.dumps({
+            "kernel": self.kernel, "arch": self.arch, "registers": self.registers,
+            "spill_stores": self.spill_stores, "spill_loads": self.spill_loads,
+            "stack_bytes": self.stack_bytes, "seconds": self.seconds,
+            "wgmma_serialized": list(self.wgmma_serialized),
+            "instructions": sorted(i for i in REPORTED_INSTRUCTIONS if self.has(i)),
+        })
+
+    @staticmethod
+    def from_json(text: str, config) -> "CompileReport":
+        data = json.loads(text)
+        return CompileReport(
+            kernel=data["kernel"], config=config, arch=data["arch"], ptx="",
+            registers=data["registers"], spill_stores=data["spill_stores"],
+            spill_loads=data["spill_loads"], stack_bytes=data["stack_bytes"],
+            seconds=data["seconds"], wgmma_serialized=tuple(data["wgmma_serialized"]),
+            instructions=frozenset(data["instructions"]), cached=True,
+        )
+
 
 _PTXAS_NUMBERS = {
     "registers": re.compile(r"Used (\d+) registers"),
@@ -326,12 +416,25 @@ _WGMMA_SERIALIZED = re.compile(r"\(C75\d\d\)[^\n]*wgmma[^\n]*serialized[^\n]*")
 
 
 def inspect_kernel(kernel_cls: type, config, specs: tuple, arch: str = "sm_90a",
-                   keep_cubin: bool = False) -> CompileReport:
+                   keep_cubin: bool = False, cache: bool = False) -> CompileReport:
     """Compile one configuration with the PTX kept and the ptxas report captured (and with
     ``keep_cubin`` the machine code, for a disassembler: ``benchmarks/dump_sass.py``).
 
-    Works without a GPU. Not cached: this is for compile tests and the self-check.
+    Works without a GPU. With ``cache`` (and the disk cache on), the report is kept beside the
+    kernel's object in the disk cache, which is written too: a later call returns the kept
+    report (without the PTX text, ``cached=True``) and a GPU of ``arch`` loads the object.
     """
+    specs = tuple(specs)
+    report_path = obj = None
+    if cache and disk_cache_enabled():
+        folder = cache_folder()
+        digest = cache_key(kernel_cls, config, specs, arch)
+        report_path, obj = folder / f"{digest}.report.json", folder / f"{digest}.o"
+        if report_path.exists():
+            try:
+                return CompileReport.from_json(report_path.read_text(), config)
+            except (ValueError, KeyError):
+                report_path.unlink(missing_ok=True)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cute_kernels_ptx_") as dump:
         keep = "--keep-ptx --keep-cubin" if keep_cubin else "--keep-ptx"
@@ -339,7 +442,7 @@ def inspect_kernel(kernel_cls: type, config, specs: tuple, arch: str = "sm_90a",
         log = io.StringIO()
         try:
             with contextlib.redirect_stderr(log), contextlib.redirect_stdout(log):
-                cute.compile(kernel_cls(config), *_fake_args(tuple(specs)), options=options)
+                compiled = cute.compile(kernel_cls(config), *_fake_args(specs), options=options)
         except Exception as exc:
             raise CompileError(
                 f"compiling {kernel_cls.__name__} with {config} for {arch} failed: "
@@ -354,7 +457,7 @@ def inspect_kernel(kernel_cls: type, config, specs: tuple, arch: str = "sm_90a",
         numbers[name] = max(found) if found else -1
     if not ptx or numbers["registers"] < 0:
         raise CompileError(f"no PTX or ptxas report captured for {kernel_cls.__name__} {config}")
-    return CompileReport(
+    report = CompileReport(
         kernel=kernel_cls.__name__,
         config=config,
         arch=arch,
@@ -362,6 +465,14 @@ def inspect_kernel(kernel_cls: type, config, specs: tuple, arch: str = "sm_90a",
         seconds=time.perf_counter() - start,
         wgmma_serialized=tuple(_WGMMA_SERIALIZED.findall(text)),
         cubins=cubins,
+        instructions=frozenset(i for i in REPORTED_INSTRUCTIONS if i in ptx),
         **numbers,
     )
-
+    if report_path is not None:
+        with _file_lock(obj.with_suffix(".lock")):
+            if not obj.exists():
+                export_object(compiled, obj)
+        tmp = Path(tempfile.mkstemp(dir=report_path.parent, suffix=".json.tmp")[1])
+        tmp.write_text(report.to_json())
+        os.replace(tmp, report_path)
+    return report
