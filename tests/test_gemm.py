@@ -19,6 +19,7 @@ gpu = pytest.mark.gpu
 
 def check(ours, a, b, out_dtype=None, extra=None):
     ref = ref_mm(a, b) if extra is None else extra
+    assert ours.shape == ref.shape, (ours.shape, ref.shape)
     theirs = (a @ b).to(out_dtype or a.dtype) if extra is None else None
     err = (ours.double() - ref).abs().max().item() if ref.numel() else 0.0
     scale = ref.abs().max().item() if ref.numel() else 1.0
@@ -439,6 +440,46 @@ def test_shapes(mnk, dtype):
     a = torch.randn(m, k, device="cuda", dtype=dtype)
     b = torch.randn(k, n, device="cuda", dtype=dtype)
     check(ck.gemm(a, b), a, b)
+
+
+@gpu
+def test_issue_one_by_eight_times_eight_by_one():
+    a = torch.randn(1, 8, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(8, 1, device="cuda", dtype=torch.bfloat16)
+    check(ck.gemm(a, b), a, b)
+
+
+def _odd_strides(t, seed):
+    """``t``'s values in a view whose size-1 dims have arbitrary strides (what DLPack, slicing
+    and expand produce)."""
+    g = torch.Generator().manual_seed(seed)
+    stride = [int(torch.randint(1, 50, (1,), generator=g)) if d == 1 else s
+              for d, s in zip(t.shape, t.stride())]
+    return t.as_strided(t.shape, stride)
+
+
+@gpu
+@pytest.mark.parametrize("m", [0, 1, 2, 17])
+@pytest.mark.parametrize("n", [0, 1, 3, 24])
+@pytest.mark.parametrize("k", [0, 1, 5, 64])
+def test_degenerate_shapes(m, n, k):
+    # GEMV-shaped and empty products, both operand layouts, size-1 dims with odd strides, and
+    # an output the TMA store cannot write (a column vector): the right answer, never a DSL error.
+    for seed, (a_t, b_t) in enumerate(((False, False), (True, False), (False, True), (True, True))):
+        a = torch.randn(k, m, device="cuda", dtype=torch.bfloat16).t() if a_t else \
+            torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t() if b_t else \
+            torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        a, b = _odd_strides(a, seed), _odd_strides(b, seed + 7)
+        y = ck.gemm(a, b)
+        assert y.shape == (m, n)
+        check(y, a, b)
+        out = torch.full((n, m), float("nan"), device="cuda", dtype=torch.bfloat16).t()
+        assert ck.gemm(a, b, out=out) is out
+        check(out, a, b)
+    a3 = torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16)
+    b3 = torch.randn(1, k, n, device="cuda", dtype=torch.bfloat16)
+    check(ck.gemm(_odd_strides(a3, 3), _odd_strides(b3, 4)), a3, b3)
 
 
 @gpu

@@ -160,6 +160,71 @@ def test_layer_norm_split_rows_far_from_zero_mean(n):
 
 
 @gpu
+def test_layer_norm_issue_rows_mean_far_above_std():
+    # fp32 rows of 769 values 1000 + row * 100 + ((col % 17) - 8) / 8 (std ~0.6): padding
+    # columns must not enter the centred sums (they once added (0 - mean)^2 and took it out
+    # again, losing every digit of the variance).
+    m, n = 3, 769
+    col = torch.arange(n, device="cuda", dtype=torch.float32)
+    row = torch.arange(m, device="cuda", dtype=torch.float32)[:, None]
+    x = (1000 + row * 100 + ((col % 17) - 8) / 8).requires_grad_()
+    w = torch.randn(n, device="cuda").requires_grad_()
+    b = torch.randn(n, device="cuda").requires_grad_()
+    y = ck.layer_norm(x, w, b)
+    y_t = F.layer_norm(x, (n,), w, b)
+    x64 = x.detach().double().requires_grad_()
+    ref = layer_norm_ref(x64, w.detach(), b.detach())
+    check(y, y_t, ref, torch.float32)
+    assert (y.double() - ref).abs().max().item() < 1e-4
+    dy = torch.randn_like(y)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    (dx_t,) = torch.autograd.grad(y_t, x, dy)
+    (dx_ref,) = torch.autograd.grad(ref, x64, dy.double())
+    check(dx, dx_t, dx_ref, torch.float32)
+
+
+@gpu
+@pytest.mark.parametrize("layer_norm", [False, True], ids=["rms", "ln"])
+@pytest.mark.parametrize("n", [1, 7, 769, 1128, 4100, 16383, 32768, 100000])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("sigmas", [1e2, 1e4])
+def test_mean_far_from_zero_every_path(layer_norm, n, dtype, sigmas):
+    # Means 1e2 and 1e4 standard deviations from 0 over row lengths that reach every forward
+    # path (one CTA, split rows staged or in registers, odd tails): the output, the saved
+    # statistics and the gradients stay within twice torch's error.
+    m = max(1, min(8, 400_000 // n))
+    x = (torch.randn(m, n, device="cuda", dtype=torch.float32) + sigmas).to(dtype).requires_grad_()
+    w = torch.randn(n, device="cuda", dtype=dtype).requires_grad_()
+    b = torch.randn(n, device="cuda", dtype=dtype).requires_grad_() if layer_norm else None
+    y = ck_norm(layer_norm, x, w, b, 1e-5, None)
+    y_t, _ = torch_norm(layer_norm, x, w, b, 1e-5, None)
+    x64 = x.detach().double().requires_grad_()
+    ref = ref_norm(layer_norm, x64, w.detach(), None if b is None else b.detach(), 1e-5, None)
+    check(y, y_t, ref, dtype)
+    dy = torch.randn_like(y)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    (dx_t,) = torch.autograd.grad(y_t, x, dy)
+    (dx_ref,) = torch.autograd.grad(ref, x64, dy.double())
+    check(dx, dx_t, dx_ref, dtype)
+
+
+@gpu
+def test_saved_statistics_match_torch_when_mean_dominates():
+    from cute_kernels.rowwise.norm_op import norm_fwd
+
+    for n in (769, 4096, 100000):
+        col = torch.arange(n, device="cuda", dtype=torch.float32)
+        x = 1000 + 100 * torch.arange(4, device="cuda", dtype=torch.float32)[:, None] + ((col % 17) - 8) / 8
+        y = torch.empty_like(x)
+        rstd, mean = (torch.full((4,), float("nan"), device="cuda") for _ in range(2))
+        norm_fwd(x, None, None, None, y, None, rstd, mean, 1e-5, True)
+        x64 = x.double()
+        torch.testing.assert_close(mean.double(), x64.mean(-1), rtol=1e-5, atol=0)
+        torch.testing.assert_close(rstd.double(), torch.rsqrt(x64.var(-1, unbiased=False) + 1e-5),
+                                   rtol=1e-5, atol=0)
+
+
+@gpu
 @pytest.mark.parametrize("n", [65536, 131072])
 @pytest.mark.parametrize("affine", ["weight", "bias", "none"])
 def test_layer_norm_split_rows_partial_affine(n, affine):

@@ -211,10 +211,36 @@ def _check_operands(a, b, allowed, what):
         raise UnsupportedError(f"batch sizes differ: a {tuple(a.shape)}, b {tuple(b.shape)}")
 
 
+def _canonical(t: torch.Tensor) -> torch.Tensor:
+    """``t`` with the strides of its size-1 dims chosen for TMA (``t`` itself when none has
+    one). Such a dim is never stepped along, so its stride is free, but DLPack and torch give
+    it any value (often 1), which TMA and the kernel's stride checks refuse. A column vector
+    (rows, 1) with unit row stride reads as column-major, a row vector (1, cols) or a single
+    element as row-major, and a size-1 batch dim takes a 16-byte stride."""
+    shape, stride = tuple(t.shape), list(t.stride())
+    if 1 not in shape:
+        return t
+    step = 16 // t.element_size()
+    rows, cols = shape[-2], shape[-1]
+
+    def padded(n):
+        return max(step, -(-n // step) * step)
+
+    if cols == 1 and rows != 1 and stride[-2] == 1:
+        stride[-1] = padded(rows)
+    elif rows == 1 and (cols == 1 or stride[-1] == 1):
+        stride[-1], stride[-2] = 1, padded(cols)
+    if len(shape) == 3 and shape[0] == 1:
+        stride[0] = padded(rows * cols)
+    if tuple(stride) == t.stride():
+        return t
+    return t.as_strided(shape, stride)
+
+
 def _prepare(a, b, k_multiple):
     """Batched, TMA-ready views of a and b; a zero-padded copy where the layout does not allow
     TMA (a non-unit stride that is not a 16-byte multiple, or no unit stride at all)."""
-    a3, b3 = a, b
+    a3, b3 = _canonical(a), _canonical(b)
     if _major(a3) is None or not _tma_ready(a3) or (_major(a3) == "col" and a.element_size() == 1):
         a3 = _padded_row_major(a3, k_multiple)
     if _major(b3) is None or not _tma_ready(b3) or (_major(b3) == "row" and b.element_size() == 1):
@@ -244,13 +270,14 @@ def _run(a, b, out_dtype, bias, alpha, beta, c, activation, out, scale_a=None, s
          tuned=False, fast_accum=False):
     m, n = a.shape[-2], b.shape[-1]
     shape = (*a.shape[:-2], m, n)
+    d = None
     if out is not None:
         if tuple(out.shape) != shape or out.dtype != out_dtype or out.device != a.device:
             raise UnsupportedError(f"out must be {shape} {out_dtype} on {a.device}, got {describe(out)}")
-        if _major(out) != "row" or not _tma_ready(out):
-            raise UnsupportedError("out must be row-major with 16-byte-aligned rows")
-        d = out
-    else:
+        d = _canonical(out)
+        if _major(d) != "row" or not _tma_ready(d):  # the TMA store cannot write it: stage
+            d = None
+    if d is None:
         size = out_dtype.itemsize
         n_pad = -(-n * size // 16) * 16 // size  # rows padded to 16 bytes for the TMA store
         d = torch.empty((*shape[:-1], n_pad), dtype=out_dtype, device=a.device)
@@ -266,7 +293,11 @@ def _run(a, b, out_dtype, bias, alpha, beta, c, activation, out, scale_a=None, s
             c2 = None if c is None else torch.broadcast_to(c, shape)
             gemm_out(a2, b2, d, c2, bias, scale_a, scale_b, float(alpha), float(beta), activation,
                      tuned, fast_accum)
-    return d
+    if out is None:
+        return d
+    if d.data_ptr() != out.data_ptr():  # computed into a staging buffer
+        out.copy_(d)
+    return out
 
 
 def _activation_torch(z, name):
@@ -341,7 +372,9 @@ def gemm(a, b, *, bias=None, alpha: float = 1.0, beta: float = 0.0, c=None, acti
     (checked once, on the first call), so small products cost little host time.
 
     Constraints:
-      - fp32 accumulation; any M, N, K >= 1 (tails through TMA bounds)
+      - fp32 accumulation; any M, N, K >= 0 (tails through TMA bounds; an empty product is
+        the epilogue alone), size-1 dims with any stride
+      - ``out`` of any layout (one TMA cannot write is computed into a buffer, then copied)
       - a layout TMA cannot read (a stride that is not a multiple of 16 bytes, or no unit stride)
         costs one zero-padded copy of that operand; an output whose rows are not 16-byte
         multiples is allocated with padded rows and returned as a view

@@ -42,6 +42,7 @@ from .rows import (
     RowKernel,
     bounds_predicate,
     bulk_copy,
+    column_mask,
     copy_async,
     load_fragments,
     make_row_copy,
@@ -196,10 +197,13 @@ class NormFwdSm90(_NormKernel):
 
         wait = cute.arch.cluster_wait if const_expr(rows.cluster_n > 1) else None
         inv_n = 1.0 / rows.n
+        # Padding columns (read as 0) are masked out of every centred sum: subtracting their
+        # (0 - mean)^2 afterwards cancels catastrophically when |mean| >> std.
+        mask = column_mask(tXrX, pred, rows) if const_expr(cfg.layer_norm) else None
         mean = Float32(0.0)
         if const_expr(cfg.one_exchange):
             _, mean, squares = row_reduce(
-                self._thread_moments(h, pred, True), _merge_moments,
+                self._thread_moments(h, pred, mask, True), _merge_moments,
                 (Float32(0.0), Float32(0.0), Float32(0.0)), rows.threads_per_row,
                 buffer[None, None, None, 0], mbar_ptr, rows.cluster_n, wait,
             )
@@ -212,6 +216,8 @@ class NormFwdSm90(_NormKernel):
             )
             mean = total * inv_n
             h = h - mean
+            if const_expr(mask is not None):
+                h = cute.where(mask, h, Float32(0.0))
             wait = None
         if const_expr(not cfg.one_exchange):
             (squares,) = row_reduce(
@@ -219,10 +225,6 @@ class NormFwdSm90(_NormKernel):
                 rows.threads_per_row, buffer[None, None, None, 1],
                 mbar_ptr + 1 if const_expr(rows.cluster_n > 1) else None, rows.cluster_n, wait,
             )
-            if const_expr(cfg.layer_norm):
-                # Padding columns were loaded as 0, so each added (0 - mean)^2: take them out.
-                padding = rows.cols_per_cta * rows.cluster_n - rows.n
-                squares = squares - padding * mean * mean
         rstd = cute.math.rsqrt(squares * inv_n + eps, fastmath=True)
         if const_expr(cfg.late_affine):
             w = self._load_vector(mW, tile) if const_expr(cfg.weight) else None
@@ -257,8 +259,9 @@ class NormFwdSm90(_NormKernel):
         # Chan et al. (RMSNorm: mean 0, the plain sum of squares).
         read_fragment(tXsX, tXrX, pred, mX.element_type(0))
         h = tXrX.load().to(Float32)
+        mask = column_mask(tXrX, pred, rows) if const_expr(cfg.layer_norm) else None
         _, mean, squares = row_reduce(
-            self._thread_moments(h, pred, cfg.layer_norm), _merge_moments, (Float32(0.0), Float32(0.0), Float32(0.0)),
+            self._thread_moments(h, pred, mask, cfg.layer_norm), _merge_moments, (Float32(0.0), Float32(0.0), Float32(0.0)),
             rows.threads_per_row, buffer[None, None, None, 0], mbar_ptr, rows.cluster_n,
             cute.arch.cluster_wait if const_expr(rows.cluster_n > 1) else None,
         )
@@ -273,9 +276,10 @@ class NormFwdSm90(_NormKernel):
         self._store_row_stats(mX, tile, rstd, mean, mRstd, mMean)
 
     @cute.jit
-    def _thread_moments(self, h, pred, centre: cutlass.Constexpr[bool]) -> tuple:
+    def _thread_moments(self, h, pred, mask, centre: cutlass.Constexpr[bool]) -> tuple:
         """(count, mean, sum of squared deviations from it) of this thread's in-bounds values
-        of ``h`` (padding reads as 0); with ``centre`` False the mean is taken as 0 (RMSNorm)."""
+        of ``h`` (padding reads as 0; ``mask``, from ``column_mask``, flags the in-bounds
+        values when some are not); with ``centre`` False the mean is taken as 0 (RMSNorm)."""
         rows = self.rows
         count = Float32(rows.elems_per_thread)
         if const_expr(not rows.even_n):
@@ -292,10 +296,9 @@ class NormFwdSm90(_NormKernel):
             else:
                 mean = total / cute.arch.fmax(count, Float32(1.0))
         d = h - mean
-        # Padding was read as 0, so each padded value added mean^2: take them out.
+        if const_expr(mask is not None):  # padding out of the sum, not subtracted after it
+            d = cute.where(mask, d, Float32(0.0))
         deviations = (d * d).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
-        if const_expr(not rows.even_n):
-            deviations = deviations - (Float32(rows.elems_per_thread) - count) * mean * mean
         return count, mean, deviations
 
     @cute.jit

@@ -61,6 +61,21 @@ def bounds_predicate(tXcX: cute.Tensor, m_rows, config: RowConfig):
     return pred
 
 
+@cute.jit
+def column_mask(tXrX: cute.Tensor, pred: cute.Tensor, config: RowConfig):
+    """Element-wise in-bounds flags shaped like the fragment ``tXrX`` (each vector's flag from
+    ``pred`` repeated over its elements), for ``cute.where``; None when every column is in
+    bounds (``config.even_n``) or there is no predicate."""
+    if const_expr(pred is None or config.even_n):
+        return None
+    mask = cute.make_rmem_tensor_like(tXrX, Boolean)
+    for i in cutlass.range_constexpr(cute.size(tXrX, mode=[0, 0])):
+        for v in cutlass.range_constexpr(cute.size(pred, mode=[0])):
+            for k in cutlass.range_constexpr(cute.size(pred, mode=[2])):
+                mask[(i, v), 0, k] = pred[v, 0, k]
+    return mask.load()
+
+
 def _vector_atom(tensor: cute.Tensor) -> cute.CopyAtom:
     bits = cute.size(tensor, mode=[0, 0]) * tensor.element_type.width
     return cute.make_copy_atom(
