@@ -1,7 +1,9 @@
 """RMSNorm and LayerNorm over the last dim of a (M, N) tensor, forward and backward, for
 Hopper (sm_90a).
 
-Forward, per row (math in fp32, the row read once into registers). LayerNorm rows split over a
+Forward, per row (math in fp32, the row read once into registers). LayerNorm sums the row
+shifted by its first value (mean = pivot + mean of the shifted values), so the sums stay
+accurate when |mean| >> std. LayerNorm rows split over a
 cluster (16-bit, no residual) reduce (count, mean, squared deviations) partials in one exchange
 (Chan's merge): with x held in registers and the weight and bias bulk-copied to shared memory
 at the start when the row splits evenly, else with x staged in shared memory. Otherwise the
@@ -42,7 +44,7 @@ from .rows import (
     RowKernel,
     bounds_predicate,
     bulk_copy,
-    column_mask,
+    zero_padding,
     copy_async,
     load_fragments,
     make_row_copy,
@@ -197,13 +199,14 @@ class NormFwdSm90(_NormKernel):
 
         wait = cute.arch.cluster_wait if const_expr(rows.cluster_n > 1) else None
         inv_n = 1.0 / rows.n
-        # Padding columns (read as 0) are masked out of every centred sum: subtracting their
-        # (0 - mean)^2 afterwards cancels catastrophically when |mean| >> std.
-        mask = column_mask(tXrX, pred, rows) if const_expr(cfg.layer_norm) else None
+        pivot = Float32(0.0)
+        if const_expr(cfg.layer_norm):
+            pivot = self._row_pivot(mX, mR, tile)
+            h = self._shift(h, tXrX, pred, pivot)
         mean = Float32(0.0)
         if const_expr(cfg.one_exchange):
             _, mean, squares = row_reduce(
-                self._thread_moments(h, pred, mask, True), _merge_moments,
+                self._thread_moments(h, tXrX, pred, True), _merge_moments,
                 (Float32(0.0), Float32(0.0), Float32(0.0)), rows.threads_per_row,
                 buffer[None, None, None, 0], mbar_ptr, rows.cluster_n, wait,
             )
@@ -215,9 +218,7 @@ class NormFwdSm90(_NormKernel):
                 mbar_ptr, rows.cluster_n, wait,
             )
             mean = total * inv_n
-            h = h - mean
-            if const_expr(mask is not None):
-                h = cute.where(mask, h, Float32(0.0))
+            h = zero_padding(h - mean, tXrX, pred, rows)  # padding out of the centred squares
             wait = None
         if const_expr(not cfg.one_exchange):
             (squares,) = row_reduce(
@@ -240,7 +241,25 @@ class NormFwdSm90(_NormKernel):
         if const_expr(cfg.bias):
             y = y + b
         self._store(mY, tile, pred, y)
-        self._store_row_stats(mX, tile, rstd, mean, mRstd, mMean)
+        self._store_row_stats(mX, tile, rstd, pivot + mean, mRstd, mMean)
+
+    @cute.jit
+    def _row_pivot(self, mX, mR, tile) -> Float32:
+        """x (+ residual) at this thread's row's first column, in fp32 (0 past the last row)."""
+        row = self._coords(mX, tile)[0][0]
+        pivot = Float32(0.0)
+        if row < mX.shape[0]:
+            pivot = Float32(mX[row, 0])
+            if const_expr(mR is not None):
+                pivot = pivot + Float32(mR[row, 0])
+        return pivot
+
+    def _shift(self, h, tXrX, pred, pivot):
+        """LayerNorm's shifted data: ``h - pivot`` with padding columns set to 0. A pivot from
+        the row itself keeps every sum small when |mean| >> std, so the mean and the centred
+        squares keep their digits; padding kept out of the sums (rather than subtracted after
+        them) cancels nothing."""
+        return zero_padding(h - pivot, tXrX, pred, self.rows)
 
     @cute.jit
     def _forward_staged(self, mX, mW, mB, mY, mRstd, mMean, eps: Float32, smem, buffer, mbar_ptr,
@@ -259,27 +278,30 @@ class NormFwdSm90(_NormKernel):
         # Chan et al. (RMSNorm: mean 0, the plain sum of squares).
         read_fragment(tXsX, tXrX, pred, mX.element_type(0))
         h = tXrX.load().to(Float32)
-        mask = column_mask(tXrX, pred, rows) if const_expr(cfg.layer_norm) else None
+        pivot = Float32(0.0)
+        if const_expr(cfg.layer_norm):
+            pivot = self._row_pivot(mX, None, tile)
+            h = self._shift(h, tXrX, pred, pivot)
         _, mean, squares = row_reduce(
-            self._thread_moments(h, pred, mask, cfg.layer_norm), _merge_moments, (Float32(0.0), Float32(0.0), Float32(0.0)),
+            self._thread_moments(h, tXrX, pred, cfg.layer_norm), _merge_moments, (Float32(0.0), Float32(0.0), Float32(0.0)),
             rows.threads_per_row, buffer[None, None, None, 0], mbar_ptr, rows.cluster_n,
             cute.arch.cluster_wait if const_expr(rows.cluster_n > 1) else None,
         )
         rstd = cute.math.rsqrt(squares * (1.0 / rows.n) + eps, fastmath=True)
         read_fragment(tXsX, tXrX, pred, mX.element_type(0))
-        y = (tXrX.load().to(Float32) - mean) * rstd
+        y = (tXrX.load().to(Float32) - pivot - mean) * rstd
         if const_expr(cfg.weight):
             y = y * w.load().to(Float32)
         if const_expr(cfg.bias):
             y = y + b.load().to(Float32)
         self._store(mY, tile, pred, y)
-        self._store_row_stats(mX, tile, rstd, mean, mRstd, mMean)
+        self._store_row_stats(mX, tile, rstd, pivot + mean, mRstd, mMean)
 
     @cute.jit
-    def _thread_moments(self, h, pred, mask, centre: cutlass.Constexpr[bool]) -> tuple:
+    def _thread_moments(self, h, tXrX, pred, centre: cutlass.Constexpr[bool]) -> tuple:
         """(count, mean, sum of squared deviations from it) of this thread's in-bounds values
-        of ``h`` (padding reads as 0; ``mask``, from ``column_mask``, flags the in-bounds
-        values when some are not); with ``centre`` False the mean is taken as 0 (RMSNorm)."""
+        of ``h`` (padding reads as 0; ``tXrX`` is the fragment ``h`` came from); with
+        ``centre`` False the mean is taken as 0 (RMSNorm)."""
         rows = self.rows
         count = Float32(rows.elems_per_thread)
         if const_expr(not rows.even_n):
@@ -296,8 +318,8 @@ class NormFwdSm90(_NormKernel):
             else:
                 mean = total / cute.arch.fmax(count, Float32(1.0))
         d = h - mean
-        if const_expr(mask is not None):  # padding out of the sum, not subtracted after it
-            d = cute.where(mask, d, Float32(0.0))
+        if const_expr(centre):  # padding out of the centred squares
+            d = zero_padding(d, tXrX, pred, rows)
         deviations = (d * d).reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
         return count, mean, deviations
 

@@ -62,18 +62,19 @@ def bounds_predicate(tXcX: cute.Tensor, m_rows, config: RowConfig):
 
 
 @cute.jit
-def column_mask(tXrX: cute.Tensor, pred: cute.Tensor, config: RowConfig):
-    """Element-wise in-bounds flags shaped like the fragment ``tXrX`` (each vector's flag from
-    ``pred`` repeated over its elements), for ``cute.where``; None when every column is in
-    bounds (``config.even_n``) or there is no predicate."""
+def zero_padding(values, tXrX: cute.Tensor, pred, config: RowConfig):
+    """``values`` (a TensorSSA shaped like this thread's fragment ``tXrX``) with the elements
+    of out-of-bounds vectors (``pred`` False) set to 0; ``values`` itself when every column
+    is in bounds (``config.even_n``) or there is no predicate."""
     if const_expr(pred is None or config.even_n):
-        return None
-    mask = cute.make_rmem_tensor_like(tXrX, Boolean)
+        return values
+    held = cute.make_rmem_tensor_like(tXrX, Float32)
+    held.store(values)
     for i in cutlass.range_constexpr(cute.size(tXrX, mode=[0, 0])):
         for v in cutlass.range_constexpr(cute.size(pred, mode=[0])):
             for k in cutlass.range_constexpr(cute.size(pred, mode=[2])):
-                mask[(i, v), 0, k] = pred[v, 0, k]
-    return mask.load()
+                held[(i, v), 0, k] = cutlass.select_(pred[v, 0, k], held[(i, v), 0, k], Float32(0.0))
+    return held.load()
 
 
 def _vector_atom(tensor: cute.Tensor) -> cute.CopyAtom:

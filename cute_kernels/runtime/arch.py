@@ -67,10 +67,18 @@ def check_supported(arch: str) -> str:
     return arch
 
 
+def constant_under_compile(fn):
+    """Mark ``fn`` as returning a constant under torch.compile, as
+    ``torch.compiler.assume_constant_result`` does, without that call's import of torch._dynamo
+    (seconds at ``import cute_kernels``; tests/test_runtime.py checks the mark is the same)."""
+    fn._dynamo_marked_constant = True
+    return fn
+
+
 _SM_COUNTS: dict = {}
 
 
-@torch.compiler.assume_constant_result
+@constant_under_compile
 def sm_count(index: int) -> int:
     """Streaming multiprocessors of CUDA device ``index`` (cached; a constant under torch.compile)."""
     if index not in _SM_COUNTS:
@@ -81,7 +89,7 @@ def sm_count(index: int) -> int:
 _MAX_CLUSTERS: dict = {}
 
 
-@torch.compiler.assume_constant_result
+@constant_under_compile
 def max_active_clusters(index: int, cluster_size: int, ctas_per_sm: int = 1) -> int:
     """Clusters of ``cluster_size`` CTAs that CUDA device ``index`` runs at once when each SM
     holds ``ctas_per_sm`` of the CTAs (cached; a constant under torch.compile). A cluster's CTAs

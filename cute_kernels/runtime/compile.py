@@ -36,6 +36,7 @@ import io
 import json
 import os
 import re
+import sys
 import tempfile
 import threading
 import time
@@ -203,21 +204,24 @@ def record_line(kernel_cls: type, config, specs: tuple, arch: str) -> str:
 
 def parse_record_line(line: str):
     """(kernel class, config, specs, arch) from a :func:`record_line`. The config and specs are
-    read back by evaluating their reprs with only the kernel's module, the spec classes and
-    the config classes it names in scope (no builtins)."""
+    read back by evaluating their reprs with nothing in scope but the spec classes and the
+    dataclasses of this package's loaded modules (no builtins)."""
+    import dataclasses
     import importlib
 
     qualname, config_text, specs_text, arch = line.rstrip("\n").split("\t")
     module_name, _, class_name = qualname.rpartition(".")
-    module = importlib.import_module(module_name)
-    names = {k: v for k, v in vars(module).items() if isinstance(v, type)}
+    kernel_cls = getattr(importlib.import_module(module_name), class_name)
+    package = __name__.split(".")[0]
+    names = {}
+    for name, module in list(sys.modules.items()):
+        if name == package or name.startswith(package + "."):
+            for value in vars(module).values():
+                if isinstance(value, type) and dataclasses.is_dataclass(value):
+                    names.setdefault(value.__name__, value)
     names.update(Sym=Sym, TensorSpec=TensorSpec, ScalarSpec=ScalarSpec, StreamSpec=StreamSpec)
-    for value in list(names.values()):  # config classes the kernel module imported by module
-        for field in getattr(value, "__dataclass_fields__", {}).values():
-            if isinstance(field.type, type):
-                names.setdefault(field.type.__name__, field.type)
     scope = {"__builtins__": {}, **names}
-    return getattr(module, class_name), eval(config_text, scope), eval(specs_text, scope), arch
+    return kernel_cls, eval(config_text, scope), eval(specs_text, scope), arch
 
 
 def _record(kernel_cls, config, specs, arch) -> None:

@@ -1,0 +1,127 @@
+"""The runtime without a GPU: import cost, the device rule, the disk cache of cross-compiled
+kernels and recorded kernel lists."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import cute_kernels as ck
+from cute_kernels.runtime import compile as kc
+from cute_kernels.runtime.arch import constant_under_compile
+
+
+def test_constant_mark_is_torchs_own():
+    def f():
+        return 1
+
+    def g():
+        return 1
+
+    torch.compiler.assume_constant_result(f)
+    constant_under_compile(g)
+    assert {k: v for k, v in vars(f).items()} == {k: v for k, v in vars(g).items()} != {}
+
+
+def test_import_pulls_in_no_compiler_machinery():
+    code = "import sys, cute_kernels; print(sorted(m for m in ('torch._dynamo', 'torch._inductor') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
+
+
+# ----------------------------------------------------------------------------- device rule
+
+
+def test_functions_refuse_cpu_tensors():
+    x, w = torch.randn(4, 8), torch.ones(8)
+    t = torch.zeros(4, dtype=torch.long)
+    for call in (lambda: ck.softmax(x), lambda: ck.rms_norm(x, w), lambda: ck.layer_norm(x, w),
+                 lambda: ck.cross_entropy(x, t), lambda: ck.gemm(x.bfloat16(), x.t().bfloat16()),
+                 lambda: ck.fused_linear_cross_entropy(x, torch.randn(5, 8), t)):
+        with pytest.raises(ck.DeviceError):
+            call()
+
+
+def test_modules_follow_the_input_device():
+    x = torch.randn(6, 8, requires_grad=True)
+    residual = torch.randn(6, 8)
+    rms, ln = ck.RMSNorm(8, eps=1e-6), ck.LayerNorm(8)
+    torch.testing.assert_close(rms(x), torch.nn.RMSNorm(8, eps=1e-6)(x))
+    torch.testing.assert_close(ln(x), torch.nn.LayerNorm(8)(x))
+    y, h = rms(x, residual)
+    torch.testing.assert_close(h, x + residual)
+    torch.testing.assert_close(y, torch.nn.RMSNorm(8, eps=1e-6)(x + residual))
+    t = torch.tensor([0, 3, -100, 7, 1, 2])
+    torch.testing.assert_close(ck.CrossEntropyLoss()(x, t), F.cross_entropy(x, t))
+    w, b = torch.randn(9, 8), torch.randn(9)
+    loss = ck.FusedLinearCrossEntropyLoss(label_smoothing=0.1)(x, w, t, b)
+    torch.testing.assert_close(loss, F.cross_entropy(x @ w.t() + b, t, label_smoothing=0.1))
+    loss.backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+
+
+# ----------------------------------------------------------------------------- disk cache
+
+
+def _small_kernel():
+    from cute_kernels.rowwise.softmax_op import compile_configurations
+
+    return min(compile_configurations(quick=True), key=lambda case: getattr(case[1], "n", 1 << 30))
+
+
+def test_record_lines_round_trip():
+    from cute_kernels.gemm import op as gemm_op
+    from cute_kernels.rowwise import cross_entropy_op, norm_op
+
+    cases = [_small_kernel(), gemm_op.compile_configurations(quick=True)[0],
+             norm_op.compile_configurations(quick=True)[0],
+             cross_entropy_op.compile_configurations(quick=True)[-1]]
+    for kernel, config, specs in cases:
+        line = kc.record_line(kernel, config, specs, "sm_90a")
+        assert "\n" not in line
+        assert kc.parse_record_line(line) == (kernel, config, tuple(specs), "sm_90a")
+
+
+def test_record_lines_evaluate_nothing_but_configs():
+    kernel, config, specs = _small_kernel()
+    line = kc.record_line(kernel, config, specs, "sm_90a").split("\t")
+    line[1] = "__import__('os').getcwd()"
+    with pytest.raises(NameError):
+        kc.parse_record_line("\t".join(line))
+
+
+@pytest.mark.compile
+def test_cross_compiled_kernels_land_in_the_disk_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CUTE_KERNELS_ARCH", "sm_90a")
+    monkeypatch.delenv("CUTE_KERNELS_DISK_CACHE", raising=False)
+    kernel, config, specs = _small_kernel()
+    first = kc.inspect_kernel(kernel, config, specs, arch="sm_90a", cache=True)
+    assert not first.cached and first.has("ld.global")
+    digest = kc.cache_key(kernel, config, specs, "sm_90a")
+    assert (kc.cache_folder() / f"{digest}.o").stat().st_size > 0
+    second = kc.inspect_kernel(kernel, config, specs, arch="sm_90a", cache=True)
+    assert second.cached and second.registers == first.registers
+    assert second.local_memory == first.local_memory
+    assert second.has("wgmma.mma_async") == first.has("wgmma.mma_async")
+    # The object a GPU process would load: the cache hands it back without compiling.
+    cache = kc.KernelCache()
+    cache.get(kernel, config, specs, "sm_90a")
+    assert cache.stats.compiles == 0 and cache.stats.disk_loads == 1
+
+
+@pytest.mark.compile
+def test_precompile_command_fills_the_cache_from_a_record(tmp_path):
+    kernel, config, specs = _small_kernel()
+    record = tmp_path / "kernels.txt"
+    record.write_text(kc.record_line(kernel, config, specs, "sm_90a") + "\n")
+    cache = tmp_path / "cache"
+    run = subprocess.run(
+        [sys.executable, "-m", "cute_kernels", "precompile", "--cache-dir", str(cache),
+         "--families", "", "--from", str(record), "--jobs", "1"],
+        capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "1 compiled, 0 already cached, 0 failed" in run.stdout
+    assert len(list(cache.rglob("*.o"))) == 1
