@@ -44,6 +44,7 @@ def markdown(results: dict) -> str:
         for family in families:
             out.append(f"\n#### {family}\n")
             out.append(table([r for r in data["rows"] if r["family"] == family]))
+            out.append(f"\n![{family}](benchmarks/plots/{family}.png)")
         runtime = data.get("runtime")
         if runtime and "dispatch_us" in runtime:
             d, f = runtime["dispatch_us"], runtime["first_call_s"]

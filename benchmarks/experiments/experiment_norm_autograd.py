@@ -1,0 +1,92 @@
+"""RMSNorm as users run it: forward with a bf16 or fp32 weight, backward through autograd
+(weight gradient included), ours against quack, with each side's kernels listed; and the host
+time of a tiny softmax call broken into its steps.
+
+    python benchmarks/experiments/experiment_norm_autograd.py [MxN ...]
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from harness import bench_many, gbps, kernel_profile, make_input_sets, try_import  # noqa: E402
+
+import cute_kernels as ck  # noqa: E402
+
+
+def autograd_backward(norm):
+    """``torch.autograd.grad(y, (x, w), dy)`` on a forward recorded once per input set."""
+    graphs = {}
+
+    def run(x, w, dy):
+        key = (x.data_ptr(), w.data_ptr())
+        if key not in graphs:
+            xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
+            graphs[key] = (norm(xg, wg), xg, wg)
+        y, xg, wg = graphs[key]
+        return torch.autograd.grad(y, (xg, wg), dy, retain_graph=True)
+    return run
+
+
+def per_call_us(fn, calls=3000):
+    for _ in range(200):
+        fn()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def main():
+    shapes = [tuple(int(v) for v in s.split("x")) for s in sys.argv[1:]] or [(32768, 4096), (16384, 16384)]
+    quack = try_import("quack.rmsnorm")
+    for m, n in shapes:
+        for w_dtype in (torch.bfloat16, torch.float32):
+            def make():
+                return (torch.randn(m, n, device="cuda", dtype=torch.bfloat16),
+                        torch.randn(n, device="cuda", dtype=w_dtype),
+                        torch.randn(m, n, device="cuda", dtype=torch.bfloat16))
+            sets = make_input_sets(make, 2 * m * n * 2)
+            fwd = {"ours": lambda x, w, dy: ck.rms_norm(x, w)}
+            bwd = {"ours": autograd_backward(lambda x, w: ck.rms_norm(x, w))}
+            if quack is not None:
+                fwd["quack"] = lambda x, w, dy: quack.rmsnorm_fwd(x, w, eps=1e-6)
+                bwd["quack"] = autograd_backward(lambda x, w: quack.rmsnorm(x, w, eps=1e-6))
+            f = bench_many(fwd, sets, rounds=5)
+            b = bench_many(bwd, sets, rounds=5)
+            wn = str(w_dtype).removeprefix("torch.")
+            line = f"{m}x{n} w={wn:8s} fwd ours {gbps(2 * m * n * 2, f['ours']):6.0f} GB/s"
+            if "quack" in f:
+                line += f" quack {gbps(2 * m * n * 2, f['quack']):6.0f} ({f['quack'] / f['ours']:.3f}x)"
+            line += f" | bwd autograd ours {b['ours'] * 1e3:6.1f} us"
+            if "quack" in b:
+                line += f" quack {b['quack'] * 1e3:6.1f} us ({b['quack'] / b['ours']:.3f}x)"
+            print(line, flush=True)
+            for name, fn in bwd.items():
+                print(f"  {name} backward kernels:")
+                kernel_profile(fn, sets[0], calls=3, rows=6)
+            del sets
+    x = torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16)
+    from cute_kernels.rowwise import softmax_op
+
+    y = torch.empty_like(x)
+    steps = {
+        "torch.softmax": lambda: torch.softmax(x, -1),
+        "ck.softmax": lambda: ck.softmax(x),
+        "softmax_fwd (op body)": lambda: softmax_op.softmax_fwd(x, y),
+        "torch.empty_like": lambda: torch.empty_like(x),
+    }
+    for name, fn in steps.items():
+        print(f"host {name:24s} {per_call_us(fn):6.2f} us/call")
+
+
+if __name__ == "__main__":
+    main()
