@@ -84,6 +84,25 @@ def bench_many(fns: dict, input_sets: Sequence[tuple], rounds: int = 3, reps: in
     return {name: statistics.median(times) for name, times in per_round.items()}
 
 
+def autograd_grad(forward: Callable) -> Callable:
+    """A candidate that times a backward as users run it: ``torch.autograd.grad`` of
+    ``forward(*leaves)`` with respect to every leaf that is not None (weight gradients
+    included), given the output gradient last. The forward is recorded once per input set (the
+    graph kept with ``retain_graph``) and is not timed."""
+    graphs = {}
+
+    def run(*inputs):
+        *leaves, dy = inputs
+        key = tuple(t.data_ptr() for t in leaves if t is not None)
+        if key not in graphs:
+            grads = [None if t is None else t.detach().requires_grad_() for t in leaves]
+            graphs[key] = (forward(*grads), [g for g in grads if g is not None])
+        y, grads = graphs[key]
+        return torch.autograd.grad(y, grads, dy, retain_graph=True)
+
+    return run
+
+
 def gbps(nbytes: int, ms: float) -> float:
     return nbytes / ms / 1e6
 

@@ -95,6 +95,48 @@ def test_options(reduction, smoothing, z):
 
 
 @gpu
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("z", [0.0, 1e-3])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_class_weights(reduction, z, dtype):
+    m, v = 67, 3001
+    x = (torch.randn(m, v, device="cuda") * 3).to(dtype).requires_grad_()
+    t = torch.randint(0, v, (m,), device="cuda")
+    t[::5] = -100
+    w = torch.rand(v, device="cuda") * 2
+    loss = ck.cross_entropy(x, t, reduction=reduction, lse_square_scale=z, weight=w)
+    x64 = x.detach().double().requires_grad_()
+    ref = ref_ce(x64, t, reduction=reduction, z=z, weight=w)
+    if not z:  # torch's own weighted loss agrees with the reference
+        torch.testing.assert_close(F.cross_entropy(x64, t, weight=w.double(), reduction=reduction), ref)
+    torch.testing.assert_close(loss.double(), ref, atol=1e-5, rtol=1e-5)
+    g = torch.randn_like(ref)
+    (dx,) = torch.autograd.grad(loss, x, g.float())
+    (dx_ref,) = torch.autograd.grad(ref, x64, g)
+    (dx_t,) = torch.autograd.grad(F.cross_entropy(x.float(), t, weight=w, reduction=reduction), x, g.float())
+    if not z:
+        assert (dx.double() - dx_ref).abs().max() <= 2 * (dx_t.double() - dx_ref).abs().max() + 1e-6
+    torch.testing.assert_close(dx.double(), dx_ref, atol=2e-3 if dtype != torch.float32 else 1e-6, rtol=1e-2)
+    assert (dx[::5] == 0).all()
+
+
+@gpu
+def test_class_weights_all_ignored_is_nan_and_bad_weights_raise():
+    x = torch.randn(4, 10, device="cuda")
+    t = torch.full((4,), -100, device="cuda")
+    assert torch.isnan(ck.cross_entropy(x, t, weight=torch.ones(10, device="cuda")))
+    with pytest.raises(ck.UnsupportedError, match="weight must have shape"):
+        ck.cross_entropy(x, t, weight=torch.ones(9, device="cuda"))
+    with pytest.raises(ck.UnsupportedError, match="label_smoothing"):
+        ck.cross_entropy(x, t, label_smoothing=0.1, weight=torch.ones(10, device="cuda"))
+    with pytest.raises(ck.DeviceError):
+        ck.cross_entropy(x, t, weight=torch.ones(10))
+    module = ck.CrossEntropyLoss(weight=torch.rand(10, device="cuda"))
+    t = torch.randint(0, 10, (4,), device="cuda")
+    torch.testing.assert_close(module(x, t), F.cross_entropy(x, t, weight=module.weight))
+
+
+@gpu
 def test_all_ignored_and_out_of_range_and_empty():
     x = torch.randn(4, 100, device="cuda", requires_grad=True)
     t = torch.full((4,), -100, device="cuda")

@@ -55,6 +55,8 @@ def test_modules_follow_the_input_device():
     torch.testing.assert_close(y, torch.nn.RMSNorm(8, eps=1e-6)(x + residual))
     t = torch.tensor([0, 3, -100, 7, 1, 2])
     torch.testing.assert_close(ck.CrossEntropyLoss()(x, t), F.cross_entropy(x, t))
+    cw = torch.rand(8)
+    torch.testing.assert_close(ck.CrossEntropyLoss(weight=cw)(x, t), F.cross_entropy(x, t, weight=cw))
     w, b = torch.randn(9, 8), torch.randn(9)
     loss = ck.FusedLinearCrossEntropyLoss(label_smoothing=0.1)(x, w, t, b)
     torch.testing.assert_close(loss, F.cross_entropy(x @ w.t() + b, t, label_smoothing=0.1))

@@ -192,9 +192,45 @@ class _CrossEntropy(torch.autograd.Function):
         return grad.view(shape), None, None, None, None, None, None
 
 
+class _WeightedCrossEntropy(torch.autograd.Function):
+    """Per-class weights: the kernels' per-row losses times ``weight[target]`` (0 for ignored
+    rows), reduced in torch (M values); the backward runs the gradient kernel with each row's
+    weight (and the mean's divisor) folded into its per-row incoming gradient."""
+
+    @staticmethod
+    def forward(ctx, logits, target, weight, ignore_index, reduction, z):
+        x2, t2 = as_rows(logits), target.reshape(-1)
+        m, v = x2.shape
+        loss_rows = torch.empty(m, dtype=torch.float32, device=logits.device)
+        lse = torch.empty(m, dtype=torch.float32, device=logits.device)
+        if m:
+            cross_entropy_fwd(x2, t2, loss_rows, lse, None, None, ignore_index, 0.0, z)
+        row_weight = weight.float()[t2.clamp(0, v - 1)] * (t2 != ignore_index)
+        weighted = loss_rows * row_weight
+        total = row_weight.sum()
+        ctx.save_for_backward(x2, t2, lse, row_weight, total)
+        ctx.args = (ignore_index, reduction, z, logits.shape)
+        if reduction == "none":
+            return weighted.view(target.shape)
+        return weighted.sum() / total if reduction == "mean" else weighted.sum()
+
+    @staticmethod
+    def backward(ctx, dloss):
+        x2, t2, lse, row_weight, total = ctx.saved_tensors
+        ignore_index, reduction, z, shape = ctx.args
+        m = x2.shape[0]
+        drows = dloss.float().reshape(-1) * row_weight
+        if reduction == "mean":
+            drows = drows / total
+        grad = torch.empty_like(x2)
+        if m:
+            cross_entropy_bwd(x2, t2, lse, drows.contiguous(), grad, ignore_index, 0.0, z)
+        return grad.view(shape), None, None, None, None, None
+
+
 def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: float = 0.0,
                   reduction: str = "mean", lse_square_scale: float = 0.0,
-                  inplace_backward: bool = False):
+                  inplace_backward: bool = False, weight=None):
     """Cross-entropy of ``logits`` (..., V) against class indices ``target`` (...).
 
     The class dim is the last one (``F.cross_entropy`` takes it at dim 1). The loss is fp32.
@@ -209,6 +245,10 @@ def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: flo
         inplace_backward: write the gradient over ``logits`` (whose values are lost) instead
             of a new buffer, saving one logits-sized allocation. Not with reduction="none";
             eager mode only (under torch.compile the regular path runs).
+        weight: optional (V,) per-class weights, as ``F.cross_entropy``'s: each row's loss is
+            times ``weight[target]`` and "mean" divides by the sum of the counted rows'
+            weights (NaN when it is 0, as torch). The z-loss term of a row is weighted with
+            it. Not with label smoothing or ``inplace_backward``; ``weight`` gets no gradient.
 
     With a gradient needed and reduction "mean" or "sum", the gradient is computed in the
     forward (the logits are read once) and kept until the backward, which scales it by the
@@ -218,6 +258,8 @@ def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: flo
       - V up to 524288
       - a target outside [0, V) that is not ``ignore_index`` gives a NaN loss for its row (no
         device assert, never an out-of-bounds read)
+      - with ``weight`` the backward reads the logits again (the gradient is not written in
+        the forward)
     """
     check_arguments(logits, target, ignore_index, label_smoothing, reduction, lse_square_scale)
     if logits.dim() == 0 or tuple(target.shape) != tuple(logits.shape[:-1]):
@@ -230,6 +272,18 @@ def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: flo
     if logits.shape[-1] == 0:
         raise UnsupportedError("logits must have at least one class")
     row_config(logits.shape[-1], 1, 4, tensors_held=1)  # refuse rows too long before running
+    if weight is not None:
+        check_tensor("weight", weight, FLOAT_DTYPES, logits)
+        if tuple(weight.shape) != (logits.shape[-1],):
+            raise UnsupportedError(f"weight must have shape ({logits.shape[-1]},) (one value per "
+                                   f"class), got {tuple(weight.shape)}")
+        if float(label_smoothing) > 0:
+            raise UnsupportedError(f"weight with label_smoothing={label_smoothing} is not "
+                                   "supported; use one or the other")
+        if inplace_backward:
+            raise UnsupportedError("weight with inplace_backward=True is not supported")
+        return _WeightedCrossEntropy.apply(logits, target, weight, ignore_index, reduction,
+                                           float(lse_square_scale))
     needs_grad = logits.requires_grad and torch.is_grad_enabled()
     inplace = bool(inplace_backward and needs_grad and not torch.compiler.is_compiling())
     return _CrossEntropy.apply(logits, target, ignore_index, float(label_smoothing), reduction,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from ..runtime import UnsupportedError
 from .cross_entropy_op import cross_entropy
 from .norm_op import layer_norm, rms_norm
 
@@ -56,15 +55,13 @@ class LayerNorm(torch.nn.LayerNorm):
 
 class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
     """``torch.nn.CrossEntropyLoss`` running :func:`cute_kernels.cross_entropy` (class index
-    targets; the class dim is dim 1 of the input, as in torch). Adds ``lse_square_scale`` and
-    ``inplace_backward``. Per-class ``weight`` is not supported."""
+    targets; the class dim is dim 1 of the input, as in torch; per-class ``weight`` as torch's,
+    not with label smoothing). Adds ``lse_square_scale`` and ``inplace_backward``."""
 
     def __init__(self, weight=None, size_average=None, ignore_index: int = -100, reduce=None,
                  reduction: str = "mean", label_smoothing: float = 0.0,
                  lse_square_scale: float = 0.0, inplace_backward: bool = False):
-        if weight is not None:
-            raise UnsupportedError("CrossEntropyLoss: per-class weight is not supported")
-        super().__init__(None, size_average, ignore_index, reduce, reduction, label_smoothing)
+        super().__init__(weight, size_average, ignore_index, reduce, reduction, label_smoothing)
         self.lse_square_scale = lse_square_scale
         self.inplace_backward = inplace_backward
 
@@ -73,4 +70,5 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
             return super().forward(input, target)
         logits = input.movedim(1, -1) if input.dim() > 2 else input
         return cross_entropy(logits, target, self.ignore_index, self.label_smoothing,
-                             self.reduction, self.lse_square_scale, self.inplace_backward)
+                             self.reduction, self.lse_square_scale, self.inplace_backward,
+                             self.weight)
