@@ -90,7 +90,7 @@ def test_forward_launch_shapes():
     bf16 = torch.bfloat16
 
     def config(n, layer_norm, residual=None):
-        key = (bf16, residual, bf16, bf16 if layer_norm else None, bf16, residual, layer_norm, n)
+        key = (bf16, residual, bf16, bf16 if layer_norm else None, bf16, residual, layer_norm, 0, 0.0, n)
         return _build_forward(key, 8)[1]
 
     rms, ln = config(131072, False), config(131072, True)
@@ -101,9 +101,9 @@ def test_forward_launch_shapes():
     ln = config(65536, True)  # LayerNorm: 32 values per thread while that takes <= 8 CTAs
     assert (ln.row.cluster_n, ln.row.elems_per_thread, ln.one_exchange, ln.stage_affine) == (8, 32, True, True)
     assert config(100000, True).stage_x  # an uneven split stages x instead
-    weight_only = _build_forward((bf16, None, bf16, None, bf16, None, True, 131072), 8)[1]
+    weight_only = _build_forward((bf16, None, bf16, None, bf16, None, True, 0, 0.0, 131072), 8)[1]
     assert weight_only.one_exchange and weight_only.stage_affine
-    plain = _build_forward((bf16, None, None, None, bf16, None, True, 131072), 8)[1]
+    plain = _build_forward((bf16, None, None, None, bf16, None, True, 0, 0.0, 131072), 8)[1]
     assert plain.one_exchange and not plain.stage_affine  # nothing to copy
     assert not config(16384, True).one_exchange  # rows of one CTA keep their path
     with_residual = config(65536, True, bf16)  # a residual keeps the late-affine path
@@ -206,6 +206,87 @@ def test_mean_far_from_zero_every_path(layer_norm, n, dtype, sigmas):
     (dx_t,) = torch.autograd.grad(y_t, x, dy)
     (dx_ref,) = torch.autograd.grad(ref, x64, dy.double())
     check(dx, dx_t, dx_ref, dtype)
+
+
+def _rms_grads(y, inputs, dy):
+    return torch.autograd.grad(y, [t for t in inputs if t is not None], dy)
+
+
+def _check_rms_options(x, w, b, residual, offset, residual_out_dtype, dtype):
+    """Forward and gradients of ck.rms_norm with these options against the float64 reference;
+    the tolerance scale comes from the same computation in x's precision by torch."""
+    kwargs = dict(bias=b, weight_offset=offset, residual_out_dtype=residual_out_dtype)
+    out = ck.rms_norm(x, w, 1e-6, residual, **kwargs)
+    y, h = out if residual is not None else (out, None)
+    leaves = [x, w, b, residual]
+    leaves64 = [None if t is None else t.detach().double().requires_grad_() for t in leaves]
+    ref = rms_norm_ref(leaves64[0], leaves64[1], 1e-6, leaves64[3], leaves64[2], offset)
+    # torch in x's precision: the same formula, fp32 math for 16-bit inputs as torch's own.
+    low = [None if t is None else t.detach().float().requires_grad_() for t in leaves]
+    y_t = rms_norm_ref(low[0], low[1], 1e-6, low[3], low[2], offset).float().to(y.dtype)
+    check(y, y_t, ref, dtype)
+    if h is not None:
+        assert h.dtype == (residual_out_dtype or residual.dtype)
+        torch.testing.assert_close(h.double(), x.double() + residual.double(), atol=1e-2, rtol=1e-2)
+    dy = torch.randn_like(y)
+    ours = _rms_grads(y, leaves, dy)
+    refs = _rms_grads(ref, leaves64, dy.double())
+    for o, r in zip(ours, refs):
+        bound = 2e-2 * r.abs().max().item() + 1e-3 if dtype != torch.float32 else 1e-4 * r.abs().max().item() + 1e-5
+        assert (o.double() - r).abs().max().item() <= bound, ((o.double() - r).abs().max().item(), bound)
+
+
+@gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("w_dtype", [None, torch.float32])
+@pytest.mark.parametrize("heads,d", [(1, 128), (8, 64), (32, 128), (3, 100), (16, 256)])
+def test_rms_norm_per_head_weight(dtype, w_dtype, heads, d):
+    # QK-norm: x (B, S, H, D), weight (H, D): each head normalized on its own with its own
+    # weight row; gradients of the (H, D) weight summed per head.
+    x = torch.randn(2, 37, heads, d, device="cuda", dtype=dtype).requires_grad_()
+    w = torch.randn(heads, d, device="cuda", dtype=w_dtype or dtype).requires_grad_()
+    _check_rms_options(x, w, None, None, 0.0, None, dtype)
+
+
+@gpu
+@pytest.mark.parametrize("n", [7, 128, 4096, 16384])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rms_norm_bias_offset_and_residual_out_dtype(n, dtype):
+    m = 33
+    x = torch.randn(m, n, device="cuda", dtype=dtype).requires_grad_()
+    w = (torch.randn(n, device="cuda", dtype=torch.float32) * 0.1).requires_grad_()
+    b = torch.randn(n, device="cuda", dtype=dtype).requires_grad_()
+    r = torch.randn(m, n, device="cuda", dtype=dtype).requires_grad_()
+    _check_rms_options(x, w, b, None, 1.0, None, dtype)          # Gemma: x_hat * (1 + w) + b
+    _check_rms_options(x, w, None, r, 0.0, torch.float32, dtype)  # fp32 residual stream
+    _check_rms_options(x, w, b, r, -0.5, None, dtype)
+
+
+@gpu
+def test_rms_norm_per_head_bias_offset_and_compile():
+    x = torch.randn(4, 9, 8, 64, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    w = torch.randn(8, 64, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    b = torch.randn(8, 64, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    _check_rms_options(x, w, b, None, 1.0, None, torch.bfloat16)
+    f = torch.compile(lambda x, w, b: ck.rms_norm(x, w, bias=b, weight_offset=1.0), fullgraph=True)
+    torch.testing.assert_close(f(x, w, b), ck.rms_norm(x, w, bias=b, weight_offset=1.0))
+
+
+@gpu
+def test_rms_norm_new_options_refuse_bad_input():
+    x = torch.randn(4, 8, 64, device="cuda")
+    with pytest.raises(ck.UnsupportedError, match="per-head"):
+        ck.rms_norm(x, torch.ones(4, 64, device="cuda"))
+    with pytest.raises(ck.UnsupportedError, match="reshape"):
+        ck.rms_norm(x, torch.ones(1, 8, 64, device="cuda"))
+    with pytest.raises(ck.UnsupportedError, match="needs a weight"):
+        ck.rms_norm(x, weight_offset=1.0)
+    with pytest.raises(ck.UnsupportedError, match="needs a residual"):
+        ck.rms_norm(x, residual_out_dtype=torch.float32)
+    with pytest.raises(ck.DTypeError, match="residual_out_dtype"):
+        ck.rms_norm(x, residual=x, residual_out_dtype=torch.int32)
+    with pytest.raises(ck.UnsupportedError, match="weight_offset"):
+        ck.rms_norm(x, torch.ones(64, device="cuda"), weight_offset=float("nan"))
 
 
 @gpu
@@ -383,7 +464,12 @@ def test_outputs_poisoned_with_nan_are_fully_written_and_nan_propagates():
 def test_leading_dims_multidim_weight_and_non_contiguous():
     x = torch.randn(4, 6, 8, 96, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(8, 96, device="cuda", dtype=torch.bfloat16)
-    check(ck.rms_norm(x, w), F.rms_norm(x, (8, 96), w), rms_norm_ref(x, w), torch.bfloat16)
+    check(ck.layer_norm(x, w), F.layer_norm(x, (8, 96), w), layer_norm_ref(x, w), torch.bfloat16)
+    module = ck.RMSNorm((8, 96), eps=1e-6).cuda()
+    with torch.no_grad():
+        module.weight.normal_()
+    check(module(x).float(), F.rms_norm(x.float(), (8, 96), module.weight, 1e-6),
+          F.rms_norm(x.double(), (8, 96), module.weight.double(), 1e-6), torch.bfloat16)
     xt = torch.randn(768, 40, device="cuda", dtype=torch.bfloat16).t()
     check(ck.layer_norm(xt), F.layer_norm(xt, (768,)), layer_norm_ref(xt), torch.bfloat16)
     xs = torch.randn(40, 770, device="cuda", dtype=torch.bfloat16)[:, 1:769]

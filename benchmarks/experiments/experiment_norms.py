@@ -55,7 +55,7 @@ def main():
         b = torch.randn(n, device="cuda", dtype=dt) if bias else None
         y = torch.empty(m, n, device="cuda", dtype=dt)
         rstd, mean = torch.empty(m, device="cuda"), torch.empty(m, device="cuda")
-        key = (dt, None, dt, dt if bias else None, dt, None, layer_norm, n)
+        key = (dt, None, dt, dt if bias else None, dt, None, layer_norm, 0, 0.0, n)
         _, config, specs = _build_forward(key, 8)
         x0 = sets[0][0]
         ref = (torch.nn.functional.layer_norm(x0.float(), (n,), w.float(), b.float() if bias else None, 1e-5)
@@ -99,7 +99,7 @@ def backward(args):
         sets = make_input_sets(make, 2 * m * n * 2)
         w = torch.randn(n, device="cuda", dtype=dt)
         dx = torch.empty(m, n, device="cuda", dtype=dt)
-        key = (dt, dt, dt, None, dt, layer_norm, True, layer_norm, n)
+        key = (dt, dt, dt, None, dt, layer_norm, True, layer_norm, 0, 0.0, n)
         _, base, specs = _build_backward(key, 8)
         x0, dy0, rstd0, mean0 = sets[0]
         xhat = ((x0.float() - mean0[:, None]) if layer_norm else x0.float()) * rstd0[:, None]

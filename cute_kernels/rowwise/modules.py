@@ -30,7 +30,18 @@ class RMSNorm(torch.nn.RMSNorm):
         if not x.is_cuda:
             return _torch_forward(super().forward, x, residual)
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
-        return rms_norm(x, self.weight, eps, residual)
+        dims = len(self.normalized_shape)
+        if dims == 1:
+            return rms_norm(x, self.weight, eps, residual)
+        # torch normalizes over every dim of normalized_shape: one row of their product.
+        if tuple(x.shape[-dims:]) != tuple(self.normalized_shape):
+            raise ValueError(f"x's trailing dims {tuple(x.shape)} do not match {self.normalized_shape}")
+        flat = (*x.shape[:-dims], -1)
+        weight = None if self.weight is None else self.weight.reshape(-1)
+        out = rms_norm(x.reshape(flat), weight, eps, None if residual is None else residual.reshape(flat))
+        if residual is None:
+            return out.view(x.shape)
+        return tuple(t.view(x.shape) for t in out)
 
 
 class LayerNorm(torch.nn.LayerNorm):

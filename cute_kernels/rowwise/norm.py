@@ -22,12 +22,17 @@ The backward grid is persistent: ``num_ctas`` CTAs walk the row tiles, each accu
 dw / db in registers, then writing one fp32 partial row; ``ColumnSumSm90`` sums the partials
 (a fixed order: results are deterministic, no atomics).
 
+With ``weight_offset`` the weight is w + offset (fp32) wherever it scales; with ``heads`` the
+weight and bias are (heads, N) and row r uses row r % heads of them (per-head RMSNorm over x
+viewed as (tokens * heads, N)).
+
 Dtypes: x, residual, y, dy, dx in float32, float16 or bfloat16; w, b in any of those.
 
 Constraints:
   - last dim contiguous; row strides and pointers divisible by ``vec`` elements
   - N static per compiled kernel, M dynamic; N <= 524288 forward, 262144 backward
-  - w and b have N contiguous elements
+  - w and b have N contiguous elements ((heads, N) contiguous with ``heads``)
+  - backward with ``heads``: num_ctas * rows_per_cta a multiple of heads
 """
 
 from __future__ import annotations
@@ -89,6 +94,14 @@ class NormConfig:
     stage_affine: bool = False
     # Backward: CTAs per SM that the launch caps the registers for (0: no cap).
     ctas_per_sm: int = 0
+    # Added to the weight in fp32 before it scales (Gemma: y = xhat * (1 + w)); the weight
+    # gradient is unchanged.
+    weight_offset: float = 0.0
+    # Per-head weight and bias (heads, N): row r uses row r % heads of them (x viewed as
+    # (tokens * heads, N) rows, each head normalized on its own). Backward: one partial row per
+    # thread row (num_ctas * rows_per_cta rows), the grid a multiple that keeps each thread on
+    # one head. 0: one (N,) weight for every row.
+    heads: int = 0
 
 
 def _merge_moments(a: tuple, b: tuple) -> tuple:
@@ -104,6 +117,28 @@ def _add2(a: tuple, b: tuple) -> tuple:
 
 
 class _NormKernel(RowKernel):
+    def _vector_row(self, mV: cute.Tensor, tile) -> cute.Tensor:
+        """The (N,) weight or bias this thread's row of ``tile`` uses: ``mV`` itself, or with
+        per-head vectors (heads, N) its row (row % heads)."""
+        if const_expr(self.config.heads == 0):
+            return mV
+        tidx = cute.arch.thread_idx()[0]
+        row = tile[0] * self.rows.rows_per_cta + tidx // self.rows.threads_per_row
+        return mV[row % self.config.heads, None]
+
+    def _with_offset(self, w):
+        """The fp32 weight values plus ``config.weight_offset`` (when it is not 0)."""
+        if const_expr(self.config.weight_offset != 0.0):
+            return w + self.config.weight_offset
+        return w
+
+    def _load_weight(self, mW: cute.Tensor, tile):
+        """This thread's slice of its row's weight, fp32, offset added."""
+        return self._with_offset(self._load_vector(self._vector_row(mW, tile), tile))
+
+    def _load_bias(self, mB: cute.Tensor, tile):
+        return self._load_vector(self._vector_row(mB, tile), tile)
+
     def _broadcast_row(self, mW: cute.Tensor) -> cute.Tensor:
         """A (rows_per_cta, N) view of the (N,) vector ``mW`` with row stride 0."""
         layout = cute.prepend(mW.layout, cute.make_layout(self.rows.rows_per_cta, stride=0))
@@ -147,6 +182,8 @@ class NormFwdSm90(_NormKernel):
             raise ValueError(f"stage_affine needs one row per CTA split evenly over a cluster: {rows}")
         if config.one_exchange and (not config.layer_norm or config.stage_x):
             raise ValueError(f"one_exchange is for LayerNorm with x in registers: {config}")
+        if config.heads and config.stage_affine:
+            raise ValueError(f"per-head vectors are not bulk-copied (stage_affine): {config}")
 
     @cute.jit
     def __call__(self, mX, mR, mW, mB, mY, mH, mRstd, mMean, eps: Float32, stream):
@@ -190,8 +227,8 @@ class NormFwdSm90(_NormKernel):
         # (unless ``late_affine`` or ``stage_affine``).
         w = b = None
         if const_expr(not (cfg.late_affine or cfg.stage_affine)):
-            w = self._load_vector(mW, tile) if const_expr(cfg.weight) else None
-            b = self._load_vector(mB, tile) if const_expr(cfg.bias) else None
+            w = self._load_weight(mW, tile) if const_expr(cfg.weight) else None
+            b = self._load_bias(mB, tile) if const_expr(cfg.bias) else None
         h = tXrX.load().to(Float32)
         if const_expr(cfg.residual):
             h = h + tXrR.load().to(Float32)
@@ -228,12 +265,12 @@ class NormFwdSm90(_NormKernel):
             )
         rstd = cute.math.rsqrt(squares * inv_n + eps, fastmath=True)
         if const_expr(cfg.late_affine):
-            w = self._load_vector(mW, tile) if const_expr(cfg.weight) else None
-            b = self._load_vector(mB, tile) if const_expr(cfg.bias) else None
+            w = self._load_weight(mW, tile) if const_expr(cfg.weight) else None
+            b = self._load_bias(mB, tile) if const_expr(cfg.bias) else None
         if const_expr(cfg.stage_affine):
             bar, sW, sB = affine
             cute.arch.mbarrier_wait(bar, 0)
-            w = self._read_vector(sW, mW) if const_expr(cfg.weight) else None
+            w = self._with_offset(self._read_vector(sW, mW)) if const_expr(cfg.weight) else None
             b = self._read_vector(sB, mB) if const_expr(cfg.bias) else None
         y = h * rstd
         if const_expr(cfg.weight):
@@ -271,8 +308,8 @@ class NormFwdSm90(_NormKernel):
         tXsX = stage_view(stage_buffer(smem, mX.element_type, rows), make_row_copy(mX.element_type, rows), 0)
         copy_async(tXgX, tXsX, pred)
         cute.arch.cp_async_commit_group()
-        w = self._load_vector_raw(mW, tile) if const_expr(cfg.weight) else None
-        b = self._load_vector_raw(mB, tile) if const_expr(cfg.bias) else None
+        w = self._load_vector_raw(self._vector_row(mW, tile), tile) if const_expr(cfg.weight) else None
+        b = self._load_vector_raw(self._vector_row(mB, tile), tile) if const_expr(cfg.bias) else None
         cute.arch.cp_async_wait_group(0)
         # One reduction of (count, mean, sum of squared deviations) partials, merged as in
         # Chan et al. (RMSNorm: mean 0, the plain sum of squares).
@@ -291,7 +328,7 @@ class NormFwdSm90(_NormKernel):
         read_fragment(tXsX, tXrX, pred, mX.element_type(0))
         y = (tXrX.load().to(Float32) - pivot - mean) * rstd
         if const_expr(cfg.weight):
-            y = y * w.load().to(Float32)
+            y = y * self._with_offset(w.load().to(Float32))
         if const_expr(cfg.bias):
             y = y + b.load().to(Float32)
         self._store(mY, tile, pred, y)
@@ -396,7 +433,8 @@ class NormBwdSm90(_NormKernel):
             sdY = stage_buffer(smem, mdY.element_type, rows, 2)
         bidx = cute.arch.block_idx()[0]
         first = self._tile(bidx)
-        w = self._load_vector(mW, first) if const_expr(cfg.weight) else None
+        # With per-head weights the grid keeps every row of this thread on one head.
+        w = self._load_weight(mW, first) if const_expr(cfg.weight) else None
         dw_acc = cute.make_rmem_tensor_like(self._fragment(mX, first), Float32)
         dw_acc.fill(0.0)
         db_acc = cute.make_rmem_tensor_like(self._fragment(mX, first), Float32)
@@ -489,7 +527,9 @@ class NormBwdSm90(_NormKernel):
     @cute.jit
     def _store_partial(self, smem, acc: cute.Tensor, mPart: cute.Tensor, tile):
         """Sum this CTA's per-row accumulators over its rows and write one fp32 row of
-        ``mPart`` (num_ctas, N) at this CTA's row, its cluster rank's columns."""
+        ``mPart`` (num_ctas, N) at this CTA's row, its cluster rank's columns; with per-head
+        vectors, write each row's accumulator to row ``cta * rows_per_cta + r`` of ``mPart``
+        (num_ctas * rows_per_cta, N) instead (the rows' heads differ)."""
         rows = self.rows
         sAcc = smem.allocate_tensor(
             Float32, cute.make_ordered_layout((rows.rows_per_cta, rows.cols_per_cta), order=(1, 0)), 16
@@ -504,10 +544,14 @@ class NormBwdSm90(_NormKernel):
         for c in cutlass.range_constexpr(0, rows.cols_per_cta, rows.num_threads):
             col = c + tidx
             if col < rows.cols_per_cta and col0 + col < rows.n:
-                total = Float32(0.0)
-                for r in cutlass.range_constexpr(rows.rows_per_cta):
-                    total += sAcc[r, col]
-                mPart[bidx, col0 + col] = total
+                if const_expr(self.config.heads):
+                    for r in cutlass.range_constexpr(rows.rows_per_cta):
+                        mPart[bidx * rows.rows_per_cta + r, col0 + col] = sAcc[r, col]
+                else:
+                    total = Float32(0.0)
+                    for r in cutlass.range_constexpr(rows.rows_per_cta):
+                        total += sAcc[r, col]
+                    mPart[bidx, col0 + col] = total
 
 
 COLUMN_SUM_WARPS = 32  # warps per CTA of ColumnSumSm90

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..runtime import (DTypeError, ScalarSpec, StreamSpec, Sym, TensorSpec, UnsupportedError, get_kernel,
@@ -18,8 +20,13 @@ BACKWARD_HELD = 4  # x, dy, weight and the dw accumulator per thread (config.row
 BACKWARD_CTAS_PER_SM = 3  # for 128-thread backward CTAs, when their shared memory allows
 
 
-def _vector_spec(dtype, n, vec):
-    return None if dtype is None else TensorSpec(dtype_name(dtype), (n,), (1,), vec * ITEMSIZE[dtype])
+def _vector_spec(dtype, n, vec, heads=0):
+    """A weight or bias: (n,), or (heads, n) row-major with per-head vectors."""
+    if dtype is None:
+        return None
+    if heads:
+        return TensorSpec(dtype_name(dtype), (heads, n), (n, 1), vec * ITEMSIZE[dtype])
+    return TensorSpec(dtype_name(dtype), (n,), (1,), vec * ITEMSIZE[dtype])
 
 
 _STAT = TensorSpec("float32", (Sym("m"),), (1,), 4)
@@ -27,7 +34,7 @@ _PARTIAL = TensorSpec("float32", (Sym("ctas"), Sym("n_partial")), (Sym(), 1), 4)
 
 
 def _build_forward(key, vec):
-    x_t, r_t, w_t, b_t, y_t, h_t, layer_norm, n = key
+    x_t, r_t, w_t, b_t, y_t, h_t, layer_norm, heads, offset, n = key
     widest = widest_itemsize((x_t, r_t, y_t, h_t, w_t, b_t))
     # RMSNorm rows that would take 8 CTAs take 16 (32 values per thread; measured on H100 at
     # 4096 x 131072 bf16: 2988 -> 3033 GB/s, benchmarks/NOTES.md). LayerNorm keeps 8: its two
@@ -62,7 +69,7 @@ def _build_forward(key, vec):
     # 8192 x 32768 2772 -> 2952; benchmarks/NOTES.md).
     one_exchange = False
     split = row_config(n, vec, widest, tensors_held=1)
-    if (layer_norm and r_t is None and vec * ITEMSIZE[x_t] == 16 and split.cluster_n > 1
+    if (layer_norm and not heads and r_t is None and vec * ITEMSIZE[x_t] == 16 and split.cluster_n > 1
             and all(t is None or ITEMSIZE[t] == 2 for t in (x_t, w_t, b_t))):
         if split.cluster_n < 8:
             split = row_config(n, vec, widest, tensors_held=3)
@@ -71,9 +78,10 @@ def _build_forward(key, vec):
     affine = w_t is not None or b_t is not None
     config = NormConfig(rows, layer_norm, w_t is not None, b_t is not None, r_t is not None,
                         late_affine=late and not (stage_x or one_exchange), stage_x=stage_x,
-                        one_exchange=one_exchange, stage_affine=one_exchange and affine)
+                        one_exchange=one_exchange, stage_affine=one_exchange and affine,
+                        weight_offset=offset, heads=heads)
     x, r, y, h = (None if d is None else row_specs((d,), n, vec)[0] for d in (x_t, r_t, y_t, h_t))
-    specs = (x, r, _vector_spec(w_t, n, vec), _vector_spec(b_t, n, vec), y, h, _STAT,
+    specs = (x, r, _vector_spec(w_t, n, vec, heads), _vector_spec(b_t, n, vec, heads), y, h, _STAT,
              _STAT if layer_norm else None, ScalarSpec("float32"), row_specs((), n, vec)[-1])
     return NormFwdSm90, config, specs
 
@@ -109,14 +117,15 @@ def backward_ctas_per_sm(rows: RowConfig, x_size: int, dy_size: int, residual: b
 
 
 def _build_backward(key, vec):
-    x_t, w_t, dy_t, dh_t, dx_t, layer_norm, weight_grad, bias, n = key
+    x_t, w_t, dy_t, dh_t, dx_t, layer_norm, weight_grad, bias, heads, offset, n = key
     widest = widest_itemsize((x_t, w_t, dy_t, dh_t, dx_t))
     rows = backward_rows(n, vec, widest)
     ctas_per_sm = backward_ctas_per_sm(rows, ITEMSIZE[x_t], ITEMSIZE[dy_t], dh_t is not None)
     config = NormConfig(rows, layer_norm, w_t is not None, bias, dh_t is not None, weight_grad,
-                        ctas_per_sm=ctas_per_sm if ctas_per_sm > 1 else 0)
+                        ctas_per_sm=ctas_per_sm if ctas_per_sm > 1 else 0, weight_offset=offset,
+                        heads=heads)
     x, dy, dh, dx = (None if d is None else row_specs((d,), n, vec)[0] for d in (x_t, dy_t, dh_t, dx_t))
-    specs = (x, _vector_spec(w_t, n, vec), dy, _STAT, _STAT if layer_norm else None, dh, dx,
+    specs = (x, _vector_spec(w_t, n, vec, heads), dy, _STAT, _STAT if layer_norm else None, dh, dx,
              _PARTIAL if weight_grad else None, _PARTIAL if bias else None,
              ScalarSpec("int32"), row_specs((), n, vec)[-1])
     return NormBwdSm90, config, specs
@@ -134,12 +143,15 @@ def _dtype(t):
     "norm_fwd",
     mutates_args=("y", "h", "rstd", "mean"),
     schema="(Tensor x, Tensor? residual, Tensor? weight, Tensor? bias, Tensor(a!) y, "
-    "Tensor(b!)? h, Tensor(c!) rstd, Tensor(d!)? mean, float eps, bool layer_norm) -> ()",
+    "Tensor(b!)? h, Tensor(c!) rstd, Tensor(d!)? mean, float eps, bool layer_norm, "
+    "int heads=0, float weight_offset=0.0) -> ()",
 )
-def norm_fwd(x, residual, weight, bias, y, h, rstd, mean, eps: float, layer_norm: bool) -> None:
-    """y, h (= x + residual), rstd, mean of (M, N) rows. Last dims contiguous; M >= 1."""
+def norm_fwd(x, residual, weight, bias, y, h, rstd, mean, eps: float, layer_norm: bool,
+             heads: int = 0, weight_offset: float = 0.0) -> None:
+    """y, h (= x + residual), rstd, mean of (M, N) rows. Last dims contiguous; M >= 1. With
+    ``heads``, weight and bias are (heads, N) and row r uses row r % heads."""
     key = (x.dtype, _dtype(residual), _dtype(weight), _dtype(bias), y.dtype, _dtype(h),
-           layer_norm, x.shape[1])
+           layer_norm, heads, weight_offset, x.shape[1])
     tensors = tuple(t for t in (x, residual, weight, bias, y, h) if t is not None)
     _forward_kernels(key, tensors, x, residual, weight, bias, y, h, rstd, mean, eps)
 
@@ -148,38 +160,36 @@ def norm_fwd(x, residual, weight, bias, y, h, rstd, mean, eps: float, layer_norm
     "norm_bwd",
     mutates_args=("dx", "dw_partial", "db_partial"),
     schema="(Tensor x, Tensor? weight, Tensor dy, Tensor rstd, Tensor? mean, Tensor? dh, "
-    "Tensor(a!) dx, Tensor(b!)? dw_partial, Tensor(c!)? db_partial, bool layer_norm) -> ()",
+    "Tensor(a!) dx, Tensor(b!)? dw_partial, Tensor(c!)? db_partial, bool layer_norm, "
+    "int num_ctas, int heads=0, float weight_offset=0.0) -> ()",
 )
-def norm_bwd(x, weight, dy, rstd, mean, dh, dx, dw_partial, db_partial, layer_norm: bool) -> None:
-    """dx and per-CTA dw / db partials (num_ctas, N) fp32 for (M, N) rows; M >= 1."""
+def norm_bwd(x, weight, dy, rstd, mean, dh, dx, dw_partial, db_partial, layer_norm: bool,
+             num_ctas: int, heads: int = 0, weight_offset: float = 0.0) -> None:
+    """dx and per-CTA dw / db partials (num_ctas, N) fp32 for (M, N) rows, M >= 1, over a
+    persistent grid of ``num_ctas`` row tiles at a time (``backward_grid``); with ``heads``,
+    per-row partials (num_ctas * rows_per_cta, N)."""
     key = (x.dtype, _dtype(weight), dy.dtype, _dtype(dh), dx.dtype, layer_norm,
-           dw_partial is not None, db_partial is not None, x.shape[1])
+           dw_partial is not None, db_partial is not None, heads, weight_offset, x.shape[1])
     tensors = tuple(t for t in (x, weight, dy, dh, dx) if t is not None)
-    num_ctas = _num_ctas(x, dy, dh, dw_partial, db_partial)
     _backward_kernels(key, tensors, x, weight, dy, rstd, mean, dh, dx, dw_partial, db_partial,
                       num_ctas)
 
 
-def _num_ctas(x, dy, dh, dw_partial, db_partial) -> int:
-    if dw_partial is not None:
-        return dw_partial.shape[0]
-    if db_partial is not None:
-        return db_partial.shape[0]
-    return backward_grid(x.shape[0], x.shape[1], x.device, x.element_size(), dy.element_size(),
-                         dh is not None)
-
-
-
-
 def backward_grid(m: int, n: int, device: torch.device, x_size: int, dy_size: int,
-                  residual: bool) -> int:
+                  residual: bool, heads: int = 0) -> int:
     """Clusters along M for the persistent backward: as many as run at once (for 16 CTAs of one
-    per SM, 7 on an H100, not 132 // 16), never more than there are row tiles."""
+    per SM, 7 on an H100, not 132 // 16), never more than there are row tiles. With per-head
+    vectors, a multiple of heads / gcd(heads, rows_per_cta), so that every row a thread visits
+    (tile, tile + grid, ...) has the same head."""
     rows = backward_rows(n, 1, 4)
     index = device.index if device.index is not None else torch.cuda.current_device()
     tiles = -(-m // rows.rows_per_cta)
     ctas_per_sm = backward_ctas_per_sm(rows, x_size, dy_size, residual)
-    return max(1, min(tiles, max_active_clusters(index, rows.cluster_n, ctas_per_sm)))
+    ctas = max(1, min(tiles, max_active_clusters(index, rows.cluster_n, ctas_per_sm)))
+    if heads:
+        step = heads // math.gcd(heads, rows.rows_per_cta)
+        ctas = max(step, ctas // step * step)
+    return ctas
 
 
 # ----------------------------------------------------------------------------- validation
@@ -191,7 +201,8 @@ def _check_tensor(name, t, x=None, shape=None):
         raise UnsupportedError(f"{name} must have shape {tuple(shape)}, got {tuple(t.shape)}")
 
 
-def _validate(x, weight, bias, residual, eps, out_dtype) -> int:
+def _validate(x, weight, bias, residual, eps, out_dtype, per_head=False, weight_offset=0.0,
+              residual_out_dtype=None) -> int:
     """Check the arguments; return N, the number of normalized elements per row."""
     _check_tensor("x", x)
     if x.dim() == 0:
@@ -201,7 +212,12 @@ def _validate(x, weight, bias, residual, eps, out_dtype) -> int:
         if t is None:
             continue
         _check_tensor(name, t, x)
-        if t.dim() == 0 or t.dim() > x.dim() or tuple(x.shape[x.dim() - t.dim():]) != tuple(t.shape):
+        if per_head:
+            if t.dim() != 2 or x.dim() < 2 or tuple(x.shape[-2:]) != tuple(t.shape):
+                raise UnsupportedError(
+                    f"per-head {name} of shape {tuple(t.shape)} must be (H, D) with x (..., H, D); "
+                    f"x is {tuple(x.shape)}")
+        elif t.dim() == 0 or t.dim() > x.dim() or tuple(x.shape[x.dim() - t.dim():]) != tuple(t.shape):
             raise UnsupportedError(
                 f"{name} of shape {tuple(t.shape)} must match the trailing dims of x {tuple(x.shape)}"
             )
@@ -209,10 +225,20 @@ def _validate(x, weight, bias, residual, eps, out_dtype) -> int:
         raise UnsupportedError(f"weight {tuple(weight.shape)} and bias {tuple(bias.shape)} differ")
     if residual is not None:
         _check_tensor("residual", residual, x, x.shape)
-    if out_dtype is not None and out_dtype not in FLOAT_DTYPES:
-        raise DTypeError(f"out_dtype={out_dtype} is not supported; use float32, float16 or bfloat16")
+    for name, dtype in (("out_dtype", out_dtype), ("residual_out_dtype", residual_out_dtype)):
+        if dtype is not None and dtype not in FLOAT_DTYPES:
+            raise DTypeError(f"{name}={dtype} is not supported; use float32, float16 or bfloat16")
+    if residual_out_dtype is not None and residual is None:
+        raise UnsupportedError("residual_out_dtype needs a residual")
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
         raise UnsupportedError(f"eps must be a float >= 0, got {eps!r}")
+    if isinstance(weight_offset, bool) or not isinstance(weight_offset, (int, float)) \
+            or not math.isfinite(weight_offset):
+        raise UnsupportedError(f"weight_offset must be a finite float, got {weight_offset!r}")
+    if weight_offset and weight is None:
+        raise UnsupportedError(f"weight_offset={weight_offset} needs a weight")
+    if per_head:
+        return x.shape[-1]
     return x.shape[-1] if affine is None else affine.numel()
 
 
@@ -223,22 +249,31 @@ def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
     return t.reshape(-1, n)
 
 
+def _vector(t, n: int, heads: int):
+    """A weight or bias as the kernel takes it: (n,), or (heads, n) contiguous."""
+    if t is None:
+        return None
+    return t.reshape(heads, n).contiguous() if heads else t.reshape(n)
+
+
 class _Norm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, residual, eps, layer_norm, out_dtype, n):
+    def forward(ctx, x, weight, bias, residual, eps, layer_norm, out_dtype, n, heads,
+                weight_offset, residual_out_dtype):
         x2 = _rows(x, n)
-        w = None if weight is None else weight.reshape(n)
-        b = None if bias is None else bias.reshape(n)
+        w, b = _vector(weight, n, heads), _vector(bias, n, heads)
         r2 = None if residual is None else _rows(residual, n)
         m = x2.shape[0]
         y = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
-        h = None if r2 is None else torch.empty((m, n), dtype=residual.dtype, device=x.device)
+        h = None if r2 is None else torch.empty(
+            (m, n), dtype=residual_out_dtype or residual.dtype, device=x.device)
         rstd = torch.empty(m, dtype=torch.float32, device=x.device)
         mean = torch.empty(m, dtype=torch.float32, device=x.device) if layer_norm else None
         if m:
-            norm_fwd(x2, r2, w, b, y, h, rstd, mean, float(eps), layer_norm)
+            norm_fwd(x2, r2, w, b, y, h, rstd, mean, float(eps), layer_norm, heads,
+                     float(weight_offset))
         ctx.save_for_backward(x2 if h is None else h, w, rstd, mean)
-        ctx.layer_norm, ctx.n = layer_norm, n
+        ctx.layer_norm, ctx.n, ctx.heads, ctx.weight_offset = layer_norm, n, heads, float(weight_offset)
         ctx.bias = None if bias is None else (bias.shape, bias.dtype)
         ctx.shapes = (x.shape, x.dtype, None if weight is None else weight.shape,
                       None if residual is None else residual.dtype)
@@ -253,35 +288,49 @@ class _Norm(torch.autograd.Function):
         need_dw = w is not None and ctx.needs_input_grad[1]
         need_db = ctx.bias is not None and ctx.needs_input_grad[2]
         dx, dw, db = norm_backward(x2, w, _rows(dy, ctx.n), rstd, mean, dh2, ctx.layer_norm,
-                                   need_dw, need_db, x_dtype)
+                                   need_dw, need_db, x_dtype, ctx.heads, ctx.weight_offset)
         dweight = None if dw is None else dw.to(w.dtype).view(w_shape)
         dbias = None if db is None else db.to(ctx.bias[1]).view(ctx.bias[0])
         dx = dx.view(x_shape)
         dresidual = None
         if r_dtype is not None and ctx.needs_input_grad[3]:
             dresidual = dx if r_dtype == x_dtype else dx.to(r_dtype)
-        return dx, dweight, dbias, dresidual, None, None, None, None
+        return dx, dweight, dbias, dresidual, None, None, None, None, None, None, None
 
 
-def norm_backward(x, weight, dy, rstd, mean, dh, layer_norm, need_dw, need_db, dx_dtype=None):
+def norm_backward(x, weight, dy, rstd, mean, dh, layer_norm, need_dw, need_db, dx_dtype=None,
+                  heads=0, weight_offset=0.0):
     """Backward of the (M, N) row norm: (dx, dw fp32 or None, db fp32 or None).
-    ``x`` is the normalized input (``x + residual`` when there was one)."""
+    ``x`` is the normalized input (``x + residual`` when there was one). With ``heads``, the
+    weight is (heads, N) and dw / db are (heads, N)."""
     m, n = x.shape
     dx = torch.empty((m, n), dtype=dx_dtype or x.dtype, device=x.device)
+    shape = (heads, n) if heads else (n,)
     if not m:
-        zeros = torch.zeros(n, dtype=torch.float32, device=x.device)
+        zeros = torch.zeros(shape, dtype=torch.float32, device=x.device)
         return dx, zeros if need_dw else None, zeros.clone() if need_db else None
-    ctas = backward_grid(m, n, x.device, x.element_size(), dy.element_size(), dh is not None)
+    ctas = backward_grid(m, n, x.device, x.element_size(), dy.element_size(), dh is not None, heads)
+    # Partial rows: one per CTA, or with per-head vectors one per thread row (their heads
+    # differ within a CTA), the row q holding head q % heads.
+    part_rows = ctas * backward_rows(n, 1, 4).rows_per_cta if heads else ctas
     padded = -(-n // 4) * 4  # 16-byte partial rows for the column sums
-    parts = torch.empty((need_dw + need_db, ctas, padded), dtype=torch.float32, device=x.device)
+    parts = torch.empty((need_dw + need_db, part_rows, padded), dtype=torch.float32, device=x.device)
     dw_part = parts[0, :, :n] if need_dw else None
     db_part = parts[int(need_dw), :, :n] if need_db else None
-    norm_bwd(x, weight, dy, rstd, mean, dh, dx, dw_part, db_part, layer_norm)
+    norm_bwd(x, weight, dy, rstd, mean, dh, dx, dw_part, db_part, layer_norm, ctas, heads,
+             weight_offset)
     if not parts.shape[0]:
         return dx, None, None
-    sums = torch.empty((parts.shape[0], padded), dtype=torch.float32, device=x.device)
-    column_sum(parts, sums)
-    return dx, sums[0, :n] if need_dw else None, sums[int(need_dw), :n] if need_db else None
+    if heads:
+        sums = torch.empty((parts.shape[0], heads, padded), dtype=torch.float32, device=x.device)
+        for i in range(parts.shape[0]):  # (rows / heads, heads, N) summed over its first dim
+            column_sum(parts[i].view(part_rows // heads, heads, padded).transpose(0, 1), sums[i])
+    else:
+        sums = torch.empty((parts.shape[0], padded), dtype=torch.float32, device=x.device)
+        column_sum(parts, sums)
+    dw = sums[0, ..., :n] if need_dw else None
+    db = sums[int(need_dw), ..., :n] if need_db else None
+    return dx, dw, db
 
 
 _COLUMN_SUM_SPECS = (
@@ -309,81 +358,117 @@ def column_sum(part: torch.Tensor, out: torch.Tensor) -> None:
     _column_sum_kernels[width](part, out)
 
 
-def _norm(x, weight, bias, residual, eps, layer_norm, out_dtype):
-    n = _validate(x, weight, bias, residual, eps, out_dtype)
+def _norm(x, weight, bias, residual, eps, layer_norm, out_dtype, per_head=False, weight_offset=0.0,
+          residual_out_dtype=None):
+    n = _validate(x, weight, bias, residual, eps, out_dtype, per_head, weight_offset,
+                  residual_out_dtype)
     if x.numel():
         held = BACKWARD_HELD if _needs_grad(x, weight, bias, residual) else 1
         row_config(n, 1, 4, tensors_held=held)  # refuse a row too long before running anything
-    return _Norm.apply(x, weight, bias, residual, eps, layer_norm, out_dtype, n)
+    heads = x.shape[-2] if per_head else 0
+    return _Norm.apply(x, weight, bias, residual, eps, layer_norm, out_dtype, n, heads,
+                       weight_offset, residual_out_dtype)
 
 
 def _needs_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def rms_norm(x, weight=None, eps: float = 1e-6, residual=None, out_dtype=None):
-    """RMSNorm over the trailing dims that ``weight`` covers (the last dim without a weight).
+def rms_norm(x, weight=None, eps: float = 1e-6, residual=None, out_dtype=None, *, bias=None,
+             weight_offset: float = 0.0, residual_out_dtype=None):
+    """RMSNorm over the last dim of ``x``.
 
-    ``y = h / sqrt(mean(h^2) + eps) * weight`` with ``h = x + residual`` (or ``x``).
+    ``y = h / sqrt(mean(h^2) + eps) * (weight + weight_offset) + bias`` with
+    ``h = x + residual`` (or ``x``).
 
     Args:
         x: CUDA tensor, float32 / float16 / bfloat16.
-        weight: optional, shaped like x's trailing dims; x's dtype or another float dtype.
+        weight: optional (D,) for x (..., D); or (H, D) for x (..., H, D): a per-head weight,
+            each head normalized on its own (QK-norm). Any float dtype (fp32 parameters of
+            mixed precision included).
         eps: added to the mean square.
-        residual: optional, x's shape; when given the result is ``(y, h)`` with ``h`` in the
-            residual's dtype (pre-norm residual streams), and gradients flow through both.
+        residual: optional, x's shape; when given the result is ``(y, h)``, and gradients flow
+            through both.
         out_dtype: dtype of y (default x's).
+        bias: optional, the weight's shape (per head with a per-head weight).
+        weight_offset: added to the weight in fp32 before it scales (Gemma's ``1 + w``); the
+            weight gradient is unchanged.
+        residual_out_dtype: dtype of ``h`` (default the residual's), e.g. fp32 for a residual
+            stream kept in fp32 while x is bf16.
 
     Constraints:
-      - normalized size N up to 524288 without gradients, 131072 with (and 131072 for fp32
+      - normalized size D up to 524288 without gradients, 131072 with (and 131072 for fp32
         data with a weight, bias or residual)
       - fp32 statistics and math; the weight gradient is summed from per-CTA partials in a
         fixed order (deterministic run to run)
       - a non-contiguous last dim costs a copy
+      - to normalize over several trailing dims, reshape x so that they are one
     """
-    return _norm(x, weight, None, residual, eps, False, out_dtype)
+    affine = weight if weight is not None else bias
+    per_head = affine is not None and affine.dim() == 2
+    if affine is not None and affine.dim() > 2:
+        raise UnsupportedError(
+            f"weight / bias of shape {tuple(affine.shape)}: rms_norm takes (D,) or a per-head "
+            f"(H, D); to normalize over several dims, reshape x and the weight to one")
+    return _norm(x, weight, bias, residual, eps, False, out_dtype, per_head, weight_offset,
+                 residual_out_dtype)
 
 
-def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, residual=None, out_dtype=None):
+def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, residual=None, out_dtype=None, *,
+               residual_out_dtype=None):
     """LayerNorm over the trailing dims that ``weight`` / ``bias`` cover (the last dim without).
 
     ``y = (h - mean(h)) / sqrt(var(h) + eps) * weight + bias`` with ``h = x + residual``.
-    Same arguments and constraints as :func:`rms_norm`, plus ``bias``.
+    Arguments as :func:`rms_norm` (``weight`` and ``bias`` over the normalized dims, as
+    ``F.layer_norm``'s ``normalized_shape``); the mean and variance are taken of the row
+    shifted by its first value, so rows far from zero mean keep their precision.
+
+    Constraints: as :func:`rms_norm`.
     """
-    return _norm(x, weight, bias, residual, eps, True, out_dtype)
+    return _norm(x, weight, bias, residual, eps, True, out_dtype,
+                 residual_out_dtype=residual_out_dtype)
 
 
 # Row lengths reaching every branch of row_config for the forward (tensors held 1) and the
 # backward (4), including overhanging tiles and each cluster size.
 SAMPLE_ROW_LENGTHS = (1, 7, 192, 760, 1128, 4096, 8192, 16384, 65536, 131072)
 _BF16, _FP16, _FP32 = torch.bfloat16, torch.float16, torch.float32
+# (layer_norm, weight, bias, residual): RMSNorm with and without a bias too.
 _VARIANTS = tuple((ln, w, b, r) for ln in (False, True) for w in (False, True)
-                  for b in ((False, True) if ln else (False,)) for r in (False, True))
+                  for b in (False, True) for r in (False, True))
+# RMSNorm options over a sample of row lengths: (heads, weight_offset, bias, residual).
+_RMS_OPTIONS = ((8, 0.0, False, False), (4, 1.0, True, False), (0, 1.0, False, True), (32, 0.0, False, True))
 
 
 def compile_configurations(quick: bool = False):
     """(kernel class, config, specs) for the norm kernels the ops can pick: every combination
     of RMSNorm / LayerNorm, weight, bias and residual over a sample of row lengths in bf16, and
     the two common ones (RMSNorm with weight; LayerNorm with all options) over
-    ``SAMPLE_ROW_LENGTHS`` with fp16 x / fp32 weight and fp32. ``quick`` keeps a sample."""
+    ``SAMPLE_ROW_LENGTHS`` with fp16 x / fp32 weight and fp32; RMSNorm's per-head weights and
+    weight offset (bf16 and an fp32 weight). ``quick`` keeps a sample."""
     if quick:
-        plan = [(v, (_BF16, _BF16), n) for v in (_VARIANTS[2], _VARIANTS[-1]) for n in (7, 4096, 65536)]
+        plan = [(v, (_BF16, _BF16), n) for v in (_VARIANTS[4], _VARIANTS[-1]) for n in (7, 4096, 65536)]
+        rms = [(o, (_BF16, _BF16), n) for o in _RMS_OPTIONS[:2] for n in (128,)]
     else:
         plan = [(v, (_BF16, _BF16), n) for v in _VARIANTS for n in (7, 1128, 4096, 16384, 65536, 131072)]
-        plan += [(v, mix, n) for v in (_VARIANTS[2], _VARIANTS[-1]) for mix in ((_FP16, _FP32), (_FP32, _FP32))
+        plan += [(v, mix, n) for v in (_VARIANTS[4], _VARIANTS[-1]) for mix in ((_FP16, _FP32), (_FP32, _FP32))
                  for n in SAMPLE_ROW_LENGTHS]
+        rms = [(o, mix, n) for o in _RMS_OPTIONS for mix in ((_BF16, _BF16), (_BF16, _FP32))
+               for n in (64, 128, 256, 4096)]
+    plan = [((ln, w, b, r, 0, 0.0), dtypes, n) for (ln, w, b, r), dtypes, n in plan]
+    plan += [((False, True, b, r, heads, offset), dtypes, n) for (heads, offset, b, r), dtypes, n in rms]
     found = {}
-    for (layer_norm, weight, bias, residual), (x_t, w_t), n in plan:
+    for (layer_norm, weight, bias, residual, heads, offset), (x_t, w_t), n in plan:
         wt, bt = (w_t if weight else None), (w_t if bias else None)
         r_t = x_t if residual else None
         vec = vector_width(n, widest_itemsize((x_t, wt, bt)), 0)
-        fwd = (x_t, r_t, wt, bt, x_t, r_t, layer_norm, n)
+        fwd = (x_t, r_t, wt, bt, x_t, r_t, layer_norm, heads, offset, n)
         found[("fwd",) + fwd] = _build_forward(fwd, vec)
-        bwd = (x_t, wt, x_t, r_t, x_t, layer_norm, weight, bias, n)
+        bwd = (x_t, wt, x_t, r_t, x_t, layer_norm, weight, bias, heads, offset, n)
         found[("bwd",) + bwd] = _build_backward(bwd, vec)
     if not quick:  # LayerNorm forward's other even splits: 4 x 32 values, 16 x 64 (no backward)
         for n in (32768, 262144):
-            fwd = (_BF16, None, _BF16, _BF16, _BF16, None, True, n)
+            fwd = (_BF16, None, _BF16, _BF16, _BF16, None, True, 0, 0.0, n)
             found[("fwd",) + fwd] = _build_forward(fwd, 8)
     for width in (32, 128):
         found[("column_sum", width)] = (ColumnSumSm90, width, _COLUMN_SUM_SPECS)
