@@ -59,9 +59,17 @@ def test_cpu_tensor_is_refused():
 
 
 def test_backward_row_limit():
-    row_config(131072, 8, 2, tensors_held=4)
+    from cute_kernels.rowwise.norm_op import backward_rows, long_row_stages
+
+    assert backward_rows(131072, 8, 2).num_threads == 256
+    long = backward_rows(262144, 8, 2)
+    assert (long.num_threads, long.cluster_n, long.elems_per_thread) == (512, 16, 32)
     with pytest.raises(ck.UnsupportedError, match="row length"):
-        row_config(131073, 1, 2, tensors_held=4)
+        backward_rows(262145, 1, 2)
+    assert long_row_stages(long, 2, 2, True, True) == 1
+    assert long_row_stages(long, 2, 2, True, False) == 2
+    with pytest.raises(ck.UnsupportedError, match="weight and bias"):
+        long_row_stages(long, 4, 4, True, True)
 
 
 def test_backward_launch_shapes():
@@ -287,6 +295,36 @@ def test_rms_norm_new_options_refuse_bad_input():
         ck.rms_norm(x, residual=x, residual_out_dtype=torch.int32)
     with pytest.raises(ck.UnsupportedError, match="weight_offset"):
         ck.rms_norm(x, torch.ones(64, device="cuda"), weight_offset=float("nan"))
+
+
+@gpu
+@pytest.mark.parametrize("layer_norm", [False, True], ids=["rms", "ln"])
+@pytest.mark.parametrize("n,dtype", [(150000, torch.bfloat16), (262144, torch.bfloat16),
+                                     (262144, torch.float16), (262144, torch.float32)])
+def test_long_rows_backward(layer_norm, n, dtype):
+    # Rows over 131072 with gradients: 16 CTAs of 512 threads, the dw / db accumulators in
+    # shared memory (fp32 LayerNorm rows with a bias gradient stop at 131072).
+    m = 5
+    x = (torch.randn(m, n, device="cuda", dtype=dtype) + 3).requires_grad_()
+    w = torch.randn(n, device="cuda", dtype=dtype).requires_grad_()
+    b = None
+    if layer_norm and dtype != torch.float32:
+        b = torch.randn(n, device="cuda", dtype=dtype).requires_grad_()
+    y = ck_norm(layer_norm, x, w, b, 1e-5, None)
+    y_t, _ = torch_norm(layer_norm, x, w, b, 1e-5, None)
+    leaves = [t for t in (x, w, b) if t is not None]
+    leaves64 = [t.detach().double().requires_grad_() for t in leaves]
+    ref = ref_norm(layer_norm, leaves64[0], leaves64[1], leaves64[2] if b is not None else None, 1e-5, None)
+    check(y, y_t, ref, dtype)
+    dy = torch.randn_like(y)
+    for name, o, t, r in zip(("dx", "dw", "db"), torch.autograd.grad(y, leaves, dy),
+                             torch.autograd.grad(y_t, leaves, dy),
+                             torch.autograd.grad(ref, leaves64, dy.double())):
+        check(o, t, r, dtype, 1.0 if name == "dx" else m ** 0.5)
+    if layer_norm and dtype == torch.float32:
+        bias = torch.randn(n, device="cuda", dtype=dtype, requires_grad=True)
+        with pytest.raises(ck.UnsupportedError, match="weight and bias"):
+            ck.layer_norm(x, w, bias)
 
 
 @gpu

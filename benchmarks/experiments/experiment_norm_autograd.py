@@ -73,6 +73,23 @@ def main():
             for name, fn in bwd.items():
                 print(f"  {name} backward kernels:")
                 kernel_profile(fn, sets[0], calls=3, rows=6)
+                calls = 20
+                for inputs in sets[:2]:
+                    fn(*inputs)
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                for i in range(calls):
+                    fn(*sets[i % len(sets)])
+                host = (time.perf_counter() - start) / calls * 1e6
+                torch.cuda.synchronize()
+                print(f"  {name} host time per backward call (no sync): {host:.1f} us")
+                if w_dtype == torch.bfloat16 and (m, n) == shapes[0]:
+                    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+                        for i in range(5):
+                            fn(*sets[i % len(sets)])
+                        torch.cuda.synchronize()
+                    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=14, max_name_column_width=60))
             del sets
     x = torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16)
     from cute_kernels.rowwise import softmax_op

@@ -30,7 +30,8 @@ Dtypes: x, residual, y, dy, dx in float32, float16 or bfloat16; w, b in any of t
 
 Constraints:
   - last dim contiguous; row strides and pointers divisible by ``vec`` elements
-  - N static per compiled kernel, M dynamic; N <= 524288 forward, 262144 backward
+  - N static per compiled kernel, M dynamic; N <= 524288 forward, 262144 backward (over
+    131072 with ``long_rows``)
   - w and b have N contiguous elements ((heads, N) contiguous with ``heads``)
   - backward with ``heads``: num_ctas * rows_per_cta a multiple of heads
 """
@@ -102,6 +103,13 @@ class NormConfig:
     # thread row (num_ctas * rows_per_cta rows), the grid a multiple that keeps each thread on
     # one head. 0: one (N,) weight for every row.
     heads: int = 0
+    # Backward of rows over 131072 (512-thread CTAs, so at most 128 registers a thread): the
+    # dw / db accumulators live in shared memory (each thread its own slots) and the weight
+    # stays in its own dtype in registers; x and dy are loaded straight into registers.
+    long_rows: bool = False
+    # Backward: shared-memory stages of x and dy (2: the next tile loads during this one; 1:
+    # after this one's last read, where two do not fit; 0: x and dy loaded into registers).
+    stages: int = 2
 
 
 def _merge_moments(a: tuple, b: tuple) -> tuple:
@@ -423,22 +431,36 @@ class NormBwdSm90(_NormKernel):
         # The column sum of the partials (launched next, as a programmatic dependent) may be
         # placed on the SMs as this grid's CTAs leave; it waits for this grid to finish.
         cute.arch.griddepcontrol_launch_dependents()
-        staged = const_expr(rows.vec * min(mX.element_type.width, mdY.element_type.width) >= 32)
+        staged = const_expr(cfg.stages > 0 and
+                            rows.vec * min(mX.element_type.width, mdY.element_type.width) >= 32)
         smem = cutlass.memory.SmemAllocator()
         buffer, mbar_ptr = reduction_workspace(smem, rows, 2 if const_expr(cfg.layer_norm) else 1, 2)
         copy_x, copy_dy = make_row_copy(mX.element_type, rows), make_row_copy(mdY.element_type, rows)
         sX = sdY = None
         if const_expr(staged):
-            sX = stage_buffer(smem, mX.element_type, rows, 2)
-            sdY = stage_buffer(smem, mdY.element_type, rows, 2)
+            sX = stage_buffer(smem, mX.element_type, rows, cfg.stages)
+            sdY = stage_buffer(smem, mdY.element_type, rows, cfg.stages)
         bidx = cute.arch.block_idx()[0]
         first = self._tile(bidx)
         # With per-head weights the grid keeps every row of this thread on one head.
-        w = self._load_weight(mW, first) if const_expr(cfg.weight) else None
-        dw_acc = cute.make_rmem_tensor_like(self._fragment(mX, first), Float32)
-        dw_acc.fill(0.0)
-        db_acc = cute.make_rmem_tensor_like(self._fragment(mX, first), Float32)
-        db_acc.fill(0.0)
+        w = w_raw = None
+        if const_expr(cfg.weight and cfg.long_rows):
+            w_raw = self._load_vector_raw(self._vector_row(mW, first), first)
+        elif const_expr(cfg.weight):
+            w = self._load_weight(mW, first)
+        sAccW = sAccB = None
+        if const_expr(cfg.long_rows):  # accumulators in shared memory, this thread's slots
+            sAccW = stage_buffer(smem, Float32, rows) if const_expr(cfg.weight_grad) else None
+            sAccB = stage_buffer(smem, Float32, rows) if const_expr(cfg.bias) else None
+            dw_acc = None if const_expr(sAccW is None) else self._own_slots(sAccW)
+            db_acc = None if const_expr(sAccB is None) else self._own_slots(sAccB)
+        else:
+            dw_acc = cute.make_rmem_tensor_like(self._fragment(mX, first), Float32)
+            db_acc = cute.make_rmem_tensor_like(self._fragment(mX, first), Float32)
+        if const_expr(dw_acc is not None):
+            dw_acc.fill(0.0)
+        if const_expr(db_acc is not None):
+            db_acc.fill(0.0)
         m_rows = mX.shape[0]
         num_tiles = cute.ceil_div(m_rows, rows.rows_per_cta)
         if const_expr(staged):
@@ -448,10 +470,13 @@ class NormBwdSm90(_NormKernel):
         rstd, mean = self._row_stats(mX, mRstd, mMean, bidx)
         step = Int32(0)
         for tile_m in cutlass.range(bidx, num_tiles, num_ctas, unroll=1):
-            stage = step % 2
-            if const_expr(staged):
+            buf = step % 2  # the reduction's exchange buffer
+            stage = step % cfg.stages if const_expr(staged) else 0
+            if const_expr(staged and cfg.stages == 2):
                 self._prefetch(mX, mdY, sX, sdY, copy_x, copy_dy, tile_m + num_ctas, 1 - stage)
                 cute.arch.cp_async_wait_group(1)
+            if const_expr(staged and cfg.stages == 1):
+                cute.arch.cp_async_wait_group(0)
             # The next tile's statistics load now, so their latency is not paid at its start.
             next_rstd, next_mean = self._row_stats(mX, mRstd, mMean, tile_m + num_ctas)
             tile = self._tile(tile_m)
@@ -460,19 +485,29 @@ class NormBwdSm90(_NormKernel):
             if const_expr(staged):
                 srcX, srcdY = stage_view(sX, copy_x, stage), stage_view(sdY, copy_dy, stage)
             xhat, dy = self._read_xhat_dy(srcX, srcdY, pred, mean, rstd)
-            g = dy * w if const_expr(cfg.weight) else dy
-            mbar = mbar_ptr + stage if const_expr(rows.cluster_n > 1) else None
+            w_tile = w
+            if const_expr(w_raw is not None):
+                w_tile = self._with_offset(w_raw.load().to(Float32))
+            g = dy * w_tile if const_expr(cfg.weight) else dy
+            mbar = mbar_ptr + buf if const_expr(rows.cluster_n > 1) else None
             partial = ((xhat * g).reduce(cute.ReductionOp.ADD, Float32(0.0), 0),)
             if const_expr(cfg.layer_norm):
                 partial = partial + (g.reduce(cute.ReductionOp.ADD, Float32(0.0), 0),)
             sums = row_reduce(
                 partial, _add2 if const_expr(cfg.layer_norm) else add,
                 tuple(Float32(0.0) for _ in partial), rows.threads_per_row,
-                buffer[None, None, None, stage], mbar, rows.cluster_n, None, (step // 2) % 2,
+                buffer[None, None, None, buf], mbar, rows.cluster_n, None, (step // 2) % 2,
             )
             if const_expr(staged):  # read again rather than hold x and dy across the reduction
                 xhat, dy = self._read_xhat_dy(srcX, srcdY, pred, mean, rstd)
-                g = dy * w if const_expr(cfg.weight) else dy
+                if const_expr(not cfg.long_rows):
+                    g = dy * w_tile if const_expr(cfg.weight) else dy
+            if const_expr(staged and cfg.stages == 1):  # the one stage is free: the next tile
+                self._prefetch(mX, mdY, sX, sdY, copy_x, copy_dy, tile_m + num_ctas, 0)
+            if const_expr(cfg.long_rows):  # dw and db first: dy is dead once g is formed
+                self._accumulate(dw_acc, db_acc, dy, xhat)
+                if const_expr(staged):
+                    g = dy * w_tile if const_expr(cfg.weight) else dy
             dx = g - xhat * (sums[0] * (1.0 / rows.n))
             if const_expr(cfg.layer_norm):
                 dx = dx - sums[1] * (1.0 / rows.n)
@@ -486,16 +521,28 @@ class NormBwdSm90(_NormKernel):
             tXrdX = cute.make_rmem_tensor_like(tXgdX)
             tXrdX.store(dx.to(mdX.element_type))
             store_fragment(tXrdX, tXgdX, pred)
-            if const_expr(cfg.weight_grad):
-                dw_acc.store(dw_acc.load() + dy * xhat)
-            if const_expr(cfg.bias):
-                db_acc.store(db_acc.load() + dy)
+            if const_expr(not cfg.long_rows):
+                self._accumulate(dw_acc, db_acc, dy, xhat)
             rstd, mean = next_rstd, next_mean
             step += 1
         if const_expr(cfg.weight_grad):
-            self._store_partial(smem, dw_acc, mdW, first)
+            self._store_partial(smem, dw_acc, mdW, first, sAccW)
         if const_expr(cfg.bias):
-            self._store_partial(smem, db_acc, mdB, first)
+            self._store_partial(smem, db_acc, mdB, first, sAccB)
+
+    def _accumulate(self, dw_acc, db_acc, dy, xhat) -> None:
+        """dw += dy * xhat, db += dy (the accumulators in registers or shared memory)."""
+        if const_expr(self.config.weight_grad):
+            dw_acc.store(dw_acc.load() + dy * xhat)
+        if const_expr(self.config.bias):
+            db_acc.store(db_acc.load() + dy)
+
+    def _own_slots(self, sAcc: cute.Tensor) -> cute.Tensor:
+        """This thread's slots of a (rows_per_cta, cols_per_cta, 1) fp32 accumulator in shared
+        memory, laid out like its register fragments."""
+        tidx = cute.arch.thread_idx()[0]
+        thr = make_row_copy(cutlass.BFloat16, self.rows).get_slice(tidx)  # layout only: any dtype
+        return thr.partition_D(sAcc[None, None, 0])
 
     @cute.jit
     def _row_stats(self, mX, mRstd, mMean, tile_m):
@@ -525,20 +572,25 @@ class NormBwdSm90(_NormKernel):
         return (tXrX.load().to(Float32) - mean) * rstd, tXrdY.load().to(Float32)
 
     @cute.jit
-    def _store_partial(self, smem, acc: cute.Tensor, mPart: cute.Tensor, tile):
+    def _store_partial(self, smem, acc: cute.Tensor, mPart: cute.Tensor, tile, sStaged=None):
         """Sum this CTA's per-row accumulators over its rows and write one fp32 row of
         ``mPart`` (num_ctas, N) at this CTA's row, its cluster rank's columns; with per-head
         vectors, write each row's accumulator to row ``cta * rows_per_cta + r`` of ``mPart``
-        (num_ctas * rows_per_cta, N) instead (the rows' heads differ)."""
+        (num_ctas * rows_per_cta, N) instead (the rows' heads differ). ``sStaged``: the
+        accumulators already in shared memory, (rows_per_cta, cols_per_cta, 1)."""
         rows = self.rows
-        sAcc = smem.allocate_tensor(
-            Float32, cute.make_ordered_layout((rows.rows_per_cta, rows.cols_per_cta), order=(1, 0)), 16
-        )
         tidx = cute.arch.thread_idx()[0]
-        thr = make_row_copy(cutlass.BFloat16, rows).get_slice(tidx)  # layout only: any dtype
-        cute.arch.barrier()
-        cute.autovec_copy(acc, thr.partition_D(sAcc))
-        cute.arch.barrier()
+        if const_expr(sStaged is not None):
+            sAcc = sStaged[None, None, 0]
+            cute.arch.barrier()
+        else:
+            sAcc = smem.allocate_tensor(
+                Float32, cute.make_ordered_layout((rows.rows_per_cta, rows.cols_per_cta), order=(1, 0)), 16
+            )
+            thr = make_row_copy(cutlass.BFloat16, rows).get_slice(tidx)  # layout only: any dtype
+            cute.arch.barrier()
+            cute.autovec_copy(acc, thr.partition_D(sAcc))
+            cute.arch.barrier()
         col0 = tile[1] * rows.cols_per_cta
         bidx = cute.arch.block_idx()[0]
         for c in cutlass.range_constexpr(0, rows.cols_per_cta, rows.num_threads):

@@ -86,19 +86,50 @@ def _build_forward(key, vec):
     return NormFwdSm90, config, specs
 
 
+# The longest row the backward takes: 16 CTAs of 512 threads, 32 values each (``long_rows``).
+BACKWARD_MAX_ROW = 16 * 512 * 32
+# Shared memory for a long-row backward's stages and accumulators (the rest of 227 KB holds
+# the reduction's exchange buffers).
+LONG_ROW_SMEM = 220 << 10
+
+
 def backward_rows(n: int, vec: int, widest: int) -> RowConfig:
     """Launch shape of the backward. Rows of more than 2048 elements (up to 65536) go to CTAs
     of 128 threads, 32 elements each, a cluster of them when longer than 4096, several CTAs per
     SM (``backward_ctas_per_sm``): one CTA's reduction overlaps the others' loads (measured on
     H100 against one 256-thread CTA per SM: RMSNorm 32768 x 4096 2708 -> 2805 GB/s, 16384 x
     16384 2413 -> 2649; LayerNorm 32768 x 4096 2558 -> 2817). Longer rows take 16 CTAs of 256
-    threads, one per SM."""
+    threads, one per SM, up to 131072; beyond, 16 CTAs of 512 threads (``long_rows``, up to
+    ``BACKWARD_MAX_ROW``), 32 values per thread either way."""
+    if n > 16 * 256 * (128 // BACKWARD_HELD):
+        if n > BACKWARD_MAX_ROW:
+            raise UnsupportedError(
+                f"row length {n} is longer than the {BACKWARD_MAX_ROW} elements the norm backward "
+                f"supports (16 CTAs x 512 threads x 32 elements)")
+        return RowConfig(n, vec, 512, 512, 16)
     rows = row_config(n, vec, widest, tensors_held=BACKWARD_HELD)
     per_cta = 128 * (128 // BACKWARD_HELD)
     cluster = next((c for c in CLUSTER_SIZES if n <= per_cta * c), None)
     if rows.threads_per_row >= 128 and cluster is not None:
         rows = RowConfig(n, vec, 128, 128, cluster)
     return rows
+
+
+def long_row_stages(rows: RowConfig, x_size: int, dy_size: int, weight_grad: bool,
+                    bias: bool) -> int:
+    """Shared-memory stages of x and dy for a long-row backward: 2 where they fit beside the
+    fp32 dw / db accumulators, else 1. Raises where not even one does (fp32 rows with both a
+    weight and a bias gradient), since loading x and dy into registers instead spills."""
+    tile = rows.rows_per_cta * rows.cols_per_cta
+    acc = tile * 4 * (weight_grad + bias)
+    stage = tile * (x_size + dy_size)
+    for stages in (2, 1):
+        if acc + stages * stage <= LONG_ROW_SMEM:
+            return stages
+    raise UnsupportedError(
+        f"the backward of rows of {rows.n} elements with {x_size * 8}-bit x and a weight and bias "
+        f"gradient is not supported (up to {16 * 256 * (128 // BACKWARD_HELD)}; 16-bit rows up "
+        f"to {BACKWARD_MAX_ROW})")
 
 
 def backward_ctas_per_sm(rows: RowConfig, x_size: int, dy_size: int, residual: bool) -> int:
@@ -121,9 +152,11 @@ def _build_backward(key, vec):
     widest = widest_itemsize((x_t, w_t, dy_t, dh_t, dx_t))
     rows = backward_rows(n, vec, widest)
     ctas_per_sm = backward_ctas_per_sm(rows, ITEMSIZE[x_t], ITEMSIZE[dy_t], dh_t is not None)
+    long_rows = rows.num_threads > 256
+    stages = long_row_stages(rows, ITEMSIZE[x_t], ITEMSIZE[dy_t], weight_grad, bias) if long_rows else 2
     config = NormConfig(rows, layer_norm, w_t is not None, bias, dh_t is not None, weight_grad,
                         ctas_per_sm=ctas_per_sm if ctas_per_sm > 1 else 0, weight_offset=offset,
-                        heads=heads)
+                        heads=heads, long_rows=long_rows, stages=stages)
     x, dy, dh, dx = (None if d is None else row_specs((d,), n, vec)[0] for d in (x_t, dy_t, dh_t, dx_t))
     specs = (x, _vector_spec(w_t, n, vec, heads), dy, _STAT, _STAT if layer_norm else None, dh, dx,
              _PARTIAL if weight_grad else None, _PARTIAL if bias else None,
@@ -362,9 +395,15 @@ def _norm(x, weight, bias, residual, eps, layer_norm, out_dtype, per_head=False,
           residual_out_dtype=None):
     n = _validate(x, weight, bias, residual, eps, out_dtype, per_head, weight_offset,
                   residual_out_dtype)
-    if x.numel():
-        held = BACKWARD_HELD if _needs_grad(x, weight, bias, residual) else 1
-        row_config(n, 1, 4, tensors_held=held)  # refuse a row too long before running anything
+    if x.numel():  # refuse a row too long before running anything
+        if _needs_grad(x, weight, bias, residual):
+            rows = backward_rows(n, 1, 4)
+            if rows.num_threads > 256:
+                x_size = (residual_out_dtype or residual.dtype).itemsize if residual is not None else x.element_size()
+                long_row_stages(rows, x_size, (out_dtype or x.dtype).itemsize,
+                                weight is not None and weight.requires_grad,
+                                bias is not None and bias.requires_grad)
+        row_config(n, 1, 4, tensors_held=1)
     heads = x.shape[-2] if per_head else 0
     return _Norm.apply(x, weight, bias, residual, eps, layer_norm, out_dtype, n, heads,
                        weight_offset, residual_out_dtype)
@@ -397,8 +436,8 @@ def rms_norm(x, weight=None, eps: float = 1e-6, residual=None, out_dtype=None, *
             stream kept in fp32 while x is bf16.
 
     Constraints:
-      - normalized size D up to 524288 without gradients, 131072 with (and 131072 for fp32
-        data with a weight, bias or residual)
+      - normalized size D up to 524288 without gradients (131072 for fp32 rows with a weight,
+        bias and residual), 262144 with
       - fp32 statistics and math; the weight gradient is summed from per-CTA partials in a
         fixed order (deterministic run to run)
       - a non-contiguous last dim costs a copy
@@ -431,7 +470,7 @@ def layer_norm(x, weight=None, bias=None, eps: float = 1e-5, residual=None, out_
 
 # Row lengths reaching every branch of row_config for the forward (tensors held 1) and the
 # backward (4), including overhanging tiles and each cluster size.
-SAMPLE_ROW_LENGTHS = (1, 7, 192, 760, 1128, 4096, 8192, 16384, 65536, 131072)
+SAMPLE_ROW_LENGTHS = (1, 7, 192, 760, 1128, 4096, 8192, 16384, 65536, 131072, 262144)
 _BF16, _FP16, _FP32 = torch.bfloat16, torch.float16, torch.float32
 # (layer_norm, weight, bias, residual): RMSNorm with and without a bias too.
 _VARIANTS = tuple((ln, w, b, r) for ln in (False, True) for w in (False, True)
@@ -450,7 +489,7 @@ def compile_configurations(quick: bool = False):
         plan = [(v, (_BF16, _BF16), n) for v in (_VARIANTS[4], _VARIANTS[-1]) for n in (7, 4096, 65536)]
         rms = [(o, (_BF16, _BF16), n) for o in _RMS_OPTIONS[:2] for n in (128,)]
     else:
-        plan = [(v, (_BF16, _BF16), n) for v in _VARIANTS for n in (7, 1128, 4096, 16384, 65536, 131072)]
+        plan = [(v, (_BF16, _BF16), n) for v in _VARIANTS for n in (7, 1128, 4096, 16384, 65536, 131072, 262144)]
         plan += [(v, mix, n) for v in (_VARIANTS[4], _VARIANTS[-1]) for mix in ((_FP16, _FP32), (_FP32, _FP32))
                  for n in SAMPLE_ROW_LENGTHS]
         rms = [(o, mix, n) for o in _RMS_OPTIONS for mix in ((_BF16, _BF16), (_BF16, _FP32))
@@ -463,9 +502,12 @@ def compile_configurations(quick: bool = False):
         r_t = x_t if residual else None
         vec = vector_width(n, widest_itemsize((x_t, wt, bt)), 0)
         fwd = (x_t, r_t, wt, bt, x_t, r_t, layer_norm, heads, offset, n)
-        found[("fwd",) + fwd] = _build_forward(fwd, vec)
         bwd = (x_t, wt, x_t, r_t, x_t, layer_norm, weight, bias, heads, offset, n)
-        found[("bwd",) + bwd] = _build_backward(bwd, vec)
+        for name, key, build in (("fwd", fwd, _build_forward), ("bwd", bwd, _build_backward)):
+            try:
+                found[(name,) + key] = build(key, vec)
+            except UnsupportedError:  # a combination the ops refuse (fp32 rows too long)
+                pass
     if not quick:  # LayerNorm forward's other even splits: 4 x 32 values, 16 x 64 (no backward)
         for n in (32768, 262144):
             fwd = (_BF16, None, _BF16, _BF16, _BF16, None, True, 0, 0.0, n)
