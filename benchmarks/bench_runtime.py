@@ -56,8 +56,21 @@ def first_call_seconds(cache_dir: str) -> float:
     return json.loads(out.stdout.strip().splitlines()[-1])["first_call_s"]
 
 
+def import_seconds(code: str, runs: int = 3) -> float:
+    """Median wall time of a fresh interpreter running ``code`` (an import)."""
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-c", code], check=True)
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
 def main():
     results = Results()
+    base = import_seconds("import torch, cutlass.cute")
+    ours_import = import_seconds("import cute_kernels")
+    print(f"import: torch + the DSL {base:.2f} s, cute_kernels (both included) {ours_import:.2f} s")
     x = torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16)
     ours = host_us_per_call(ck.softmax, x)
     theirs = host_us_per_call(lambda t: torch.softmax(t, -1), x)
@@ -71,6 +84,7 @@ def main():
         "dispatch_us": {"shape": "8x1024", "dtype": "bfloat16", "ours": round(ours, 2),
                         "torch": round(theirs, 2), "ratio": round(ours / theirs, 2)},
         "first_call_s": {"cold_cache": round(cold, 3), "warm_cache": round(warm, 3)},
+        "import_s": {"torch_and_dsl": round(base, 2), "cute_kernels": round(ours_import, 2)},
     })
     results.save()
 

@@ -52,6 +52,10 @@ def markdown(results: dict) -> str:
             out.append(f"Host time per call, {d['shape']} {d['dtype']} softmax: ours {d['ours']} us, "
                        f"torch.softmax {d['torch']} us ({d['ratio']}x). First call in a new process: "
                        f"{f['warm_cache']} s with the disk cache warm, {f['cold_cache']} s cold (compile).")
+            if "import_s" in runtime:
+                imp = runtime["import_s"]
+                out.append(f"`import cute_kernels` (a fresh process, torch and the DSL included): "
+                           f"{imp['cute_kernels']} s; `import torch, cutlass.cute`: {imp['torch_and_dsl']} s.")
         out.append("")
     return "\n".join(out)
 
