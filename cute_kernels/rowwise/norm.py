@@ -506,8 +506,10 @@ class NormBwdSm90(_NormKernel):
                 self._prefetch(mX, mdY, sX, sdY, copy_x, copy_dy, tile_m + num_ctas, 0)
             if const_expr(cfg.long_rows):  # dw and db first: dy is dead once g is formed
                 self._accumulate(dw_acc, db_acc, dy, xhat)
-                if const_expr(staged):
-                    g = dy * w_tile if const_expr(cfg.weight) else dy
+                if const_expr(staged and cfg.weight):  # the weight converted again, not held
+                    g = dy * self._with_offset(w_raw.load().to(Float32))
+                elif const_expr(staged):
+                    g = dy
             dx = g - xhat * (sums[0] * (1.0 / rows.n))
             if const_expr(cfg.layer_norm):
                 dx = dx - sums[1] * (1.0 / rows.n)
@@ -532,10 +534,10 @@ class NormBwdSm90(_NormKernel):
 
     def _accumulate(self, dw_acc, db_acc, dy, xhat) -> None:
         """dw += dy * xhat, db += dy (the accumulators in registers or shared memory)."""
-        if const_expr(self.config.weight_grad):
-            dw_acc.store(dw_acc.load() + dy * xhat)
         if const_expr(self.config.bias):
             db_acc.store(db_acc.load() + dy)
+        if const_expr(self.config.weight_grad):
+            dw_acc.store(dw_acc.load() + dy * xhat)
 
     def _own_slots(self, sAcc: cute.Tensor) -> cute.Tensor:
         """This thread's slots of a (rows_per_cta, cols_per_cta, 1) fp32 accumulator in shared

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -153,6 +154,10 @@ def _build_backward(key, vec):
     rows = backward_rows(n, vec, widest)
     ctas_per_sm = backward_ctas_per_sm(rows, ITEMSIZE[x_t], ITEMSIZE[dy_t], dh_t is not None)
     long_rows = rows.num_threads > 256
+    if long_rows and bias and dh_t is not None and not layer_norm:
+        # 512 threads leave 128 registers each: RMSNorm with a bias and a residual gradient
+        # spills with 16-byte vectors and fits with 8-byte ones (compile tests).
+        rows = dataclasses.replace(rows, vec=min(vec, 8 // ITEMSIZE[x_t]) or 1)
     stages = long_row_stages(rows, ITEMSIZE[x_t], ITEMSIZE[dy_t], weight_grad, bias) if long_rows else 2
     config = NormConfig(rows, layer_norm, w_t is not None, bias, dh_t is not None, weight_grad,
                         ctas_per_sm=ctas_per_sm if ctas_per_sm > 1 else 0, weight_offset=offset,
