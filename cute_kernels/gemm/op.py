@@ -21,7 +21,6 @@ from ..runtime.arch import sm_count, target_arch
 from ..runtime.dtypes import dtype_name
 from ..runtime.errors import check_tensor, describe
 from .config import ACTIVATIONS, PINGPONG_EPI_STAGES, Epilogue, GemmConfig, choose_config
-from .kernel_sm90 import GemmSm90
 from .tuning import tuned_config
 
 INPUT_DTYPES = (torch.bfloat16, torch.float16)
@@ -100,6 +99,8 @@ def compiled_gemm(config: GemmConfig, specs: tuple):
     argument signature (``kernel_specs``). Stream-K configurations get a fresh workspace from
     torch's caching allocator at every launch (``tile_m * tile_n`` fp32 values and one int64
     flag per CTA of the grid) and a new token."""
+    from .kernel_sm90 import GemmSm90  # the kernel module: imported at the first compile
+
     kernel = get_kernel(GemmSm90, config, specs)
     unit_alpha = not config.epilogue.alpha
     if not config.stream_k:
@@ -468,6 +469,8 @@ def gemm_fp8(a, b, scale_a, scale_b, *, out_dtype=torch.bfloat16, bias=None, tun
 def compile_configurations(quick: bool = False):
     """(kernel, config, specs) for every configuration ``choose_config`` can return (tile
     shapes, clusters), both operand layouts, every epilogue option and fp8."""
+    from .kernel_sm90 import GemmSm90
+
     def operand(dtype, major, dims=2):
         div = 16 // (1 if dtype.startswith("float8") else 2)
         lead = (Sym(divisibility=div),) * (dims - 2)

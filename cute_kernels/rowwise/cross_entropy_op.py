@@ -10,8 +10,6 @@ from ..runtime import (DTypeError, ScalarSpec, StreamSpec, Sym, TensorSpec, Unsu
                        kernel_op)
 from ..runtime.errors import check_tensor, describe
 from .config import row_config
-from .cross_entropy import (CrossEntropyBwdSm90, CrossEntropyConfig, CrossEntropyFwdSm90,
-                            InverseCountSm90, ScaleRowsSm90)
 from .dispatch import RowKernels, row_specs, vector_width, widest_itemsize
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -29,6 +27,8 @@ def _target_spec(dtype):
 
 
 def _build_forward(key, vec):
+    from .cross_entropy import CrossEntropyConfig, CrossEntropyFwdSm90  # imported at the first compile
+
     x_t, target_t, grad_t, smoothing, z_loss, scaled, n = key
     rows = row_config(n, vec, widest_itemsize((x_t, grad_t)), tensors_held=1)
     # Direct loads, so the target's dependent scalar loads overlap the row's.
@@ -43,6 +43,8 @@ def _build_forward(key, vec):
 
 
 def _build_backward(key, vec):
+    from .cross_entropy import CrossEntropyBwdSm90, CrossEntropyConfig
+
     x_t, target_t, grad_t, smoothing, z_loss, n = key
     rows = row_config(n, vec, widest_itemsize((x_t, grad_t)), tensors_held=1)
     config = CrossEntropyConfig(rows, smoothing, z_loss)
@@ -53,6 +55,8 @@ def _build_backward(key, vec):
 
 
 def _build_scale(key, vec):
+    from .cross_entropy import ScaleRowsSm90
+
     x_t, n = key
     rows = dataclasses.replace(row_config(n, vec, widest_itemsize((x_t,)), tensors_held=1), stage_smem=False)
     x = row_specs((x_t,), n, vec)
@@ -74,6 +78,8 @@ def inverse_count(target: torch.Tensor, scale: torch.Tensor, ignore_index: int) 
     fn = _count_kernels.get(target.dtype)
     if fn is None:
         specs = (_target_spec(target.dtype), _SCALE, ScalarSpec("int64"), StreamSpec())
+        from .cross_entropy import InverseCountSm90
+
         fn = _count_kernels[target.dtype] = get_kernel(InverseCountSm90, None, specs)
     fn(target, scale, ignore_index)
 
@@ -311,6 +317,8 @@ def compile_configurations(quick: bool = False):
                     found[("fwd",) + key] = _build_forward(key, vec)
                 key = (x_t, torch.int64, x_t, smoothing, z, n)
                 found[("bwd",) + key] = _build_backward(key, vec)
+    from .cross_entropy import InverseCountSm90
+
     for t in (torch.int64, torch.int32):
         found[("count", t)] = (InverseCountSm90, None, (_target_spec(t), _SCALE, ScalarSpec("int64"), StreamSpec()))
     return list(found.values())

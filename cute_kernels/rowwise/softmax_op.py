@@ -13,23 +13,25 @@ from ..runtime import DTypeError, UnsupportedError, kernel_op
 from ..runtime.errors import check_tensor
 from .config import row_config
 from .dispatch import ITEMSIZE, RowKernels, row_specs, vector_width, widest_itemsize
-from .softmax import SoftmaxBwdSm90, SoftmaxFwdSm90
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_ROW_LENGTH = 524288  # forward; half of it when a gradient is needed (config.row_config)
 
-def _build(kernel_cls, tensors_held):
+def _build(kernel_name, tensors_held):
     def build(key, vec):
+        # The kernel module is imported at the first compile, not with the package.
+        from . import softmax
+
         dtypes, n = key[:-1], key[-1]
         config = row_config(n, vec, widest_itemsize(dtypes), tensors_held, wide_clusters=True)
-        return kernel_cls, config, row_specs(dtypes, n, vec)
+        return getattr(softmax, kernel_name), config, row_specs(dtypes, n, vec)
 
-    build.kernel_cls, build.tensors_held = kernel_cls, tensors_held
+    build.tensors_held = tensors_held
     return build
 
 
-_forward_kernels = RowKernels(_build(SoftmaxFwdSm90, tensors_held=1))
-_backward_kernels = RowKernels(_build(SoftmaxBwdSm90, tensors_held=2))
+_forward_kernels = RowKernels(_build("SoftmaxFwdSm90", tensors_held=1))
+_backward_kernels = RowKernels(_build("SoftmaxBwdSm90", tensors_held=2))
 
 
 @kernel_op("softmax_fwd", mutates_args=("y",))
