@@ -24,6 +24,10 @@ from harness import (Results, autograd_grad, bench_many, ceilings, gbps, make_in
 
 import cute_kernels as ck  # noqa: E402
 
+# The backward is timed on a kept graph (retain_graph): torch.compile's donated buffers refuse it.
+import torch._functorch.config  # noqa: E402
+torch._functorch.config.donated_buffer = False
+
 ACCEPTANCE = [(32768, 4096), (16384, 16384), (4096, 131072)]
 SWEEP = [(131072, 1024), (65536, 2048), (8192, 16384), (2048, 65536)]
 

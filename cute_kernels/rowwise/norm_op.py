@@ -42,22 +42,29 @@ def _build_forward(key, vec):
     # 4096 x 131072 bf16: 2988 -> 3033 GB/s, benchmarks/NOTES.md). LayerNorm keeps 8: its two
     # reductions (or the staged x below) lose with the wider split.
     wide = not layer_norm
-    rows = row_config(n, vec, widest, tensors_held=1, wide_clusters=wide)
+    rows_widest = widest_itemsize((x_t, r_t, y_t, h_t))
+    # An fp32 weight or bias next to 16-bit rows: the rows' own split (the weight's width does
+    # not change how much of a row a CTA holds).
+    wide_params = widest > rows_widest and r_t is None
+    rows = row_config(n, vec, rows_widest if wide_params else widest, tensors_held=1, wide_clusters=wide)
     # The residual, weight and bias slices stay in registers next to x: with 32-bit rows, or
     # more than 256 values per thread in all, the row is split further to keep them out of
     # local memory (the compile tests check every combination for spills). An fp32 weight or
-    # bias next to 16-bit rows keeps the one-tensor split and its shared-memory staging up to
-    # 192 values per thread in all (measured on H100, bf16 x, fp32 weight, 32768 x 4096:
-    # 2393 GB/s split further).
+    # bias next to 16-bit rows (no residual) keeps the one-tensor split and its shared-memory
+    # staging: up to 192 values per thread in all with the weight loaded before the reduction,
+    # beyond that loaded after it (measured on H100, bf16 x, fp32 weight, against the split
+    # for held tensors: 32768 x 4096 2393 -> 2950 GB/s; 16384^2 late load, NOTES.md).
     held = 1 + sum(t is not None for t in (r_t, w_t, b_t))
-    rows_widest = widest_itemsize((x_t, r_t, y_t, h_t))
-    most = 256 if widest == rows_widest else 192
-    if (rows_widest >= 4 and held > 1) or rows.elems_per_thread * held > most:
-        rows = row_config(n, vec, widest, tensors_held=held, wide_clusters=wide)
+    late_one_cta = False
+    if (rows_widest >= 4 and held > 1) or rows.elems_per_thread * held > (192 if wide_params else 256):
+        if wide_params and rows.cluster_n == 1:
+            late_one_cta = True
+        else:
+            rows = row_config(n, vec, widest, tensors_held=held, wide_clusters=wide)
     # A row split over a cluster holds one CTA per SM when the weight and bias stay in
     # registers across the reduction (over 128 values per thread): load them after it instead,
     # so two CTAs fit (LayerNorm at 4096 x 131072: 1841 -> 2423 GB/s, benchmarks/NOTES.md).
-    late = rows.cluster_n > 1 and held > 1 and rows.elems_per_thread * held > 128
+    late = (rows.cluster_n > 1 and held > 1 and rows.elems_per_thread * held > 128) or late_one_cta
     # Better still without a residual and with 16-bit x, weight and bias: x through shared
     # memory, read again after the one reduction and for the output, and the 16-bit weight and
     # bias loaded up front (LayerNorm at 4096 x 131072: 2427 -> 2714 GB/s, benchmarks/NOTES.md).
