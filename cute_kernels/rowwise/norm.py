@@ -217,12 +217,9 @@ class NormFwdSm90(_NormKernel):
         tXgX, tXgR = self._fragment(mX, tile), self._fragment(mR, tile)
         tXrX = cute.make_rmem_tensor_like(tXgX)
         tXsX = tXsR = None
-        # LayerNorm's pivot (the row's first value) loads first, so its latency hides behind
-        # the row's loads instead of delaying the reduction.
-        pivot = self._row_pivot(mX, mR, tile) if const_expr(cfg.layer_norm) else Float32(0.0)
         if const_expr(cfg.stage_x):
             return self._forward_staged(mX, mW, mB, mY, mRstd, mMean, eps, smem, buffer, mbar_ptr,
-                                        tile, pred, tXgX, tXrX, pivot)
+                                        tile, pred, tXgX, tXrX)
         if const_expr(rows.stage_smem):
             tXsX = stage_view(stage_buffer(smem, mX.element_type, rows), make_row_copy(mX.element_type, rows), 0)
         loads = [(tXgX, tXrX, tXsX, mX.element_type(0))]
@@ -247,7 +244,9 @@ class NormFwdSm90(_NormKernel):
 
         wait = cute.arch.cluster_wait if const_expr(rows.cluster_n > 1) else None
         inv_n = 1.0 / rows.n
+        pivot = Float32(0.0)
         if const_expr(cfg.layer_norm):
+            pivot = self._row_pivot(mX, mR, tile)
             h = self._shift(h, tXrX, pred, pivot)
         mean = Float32(0.0)
         if const_expr(cfg.one_exchange):
@@ -309,7 +308,7 @@ class NormFwdSm90(_NormKernel):
 
     @cute.jit
     def _forward_staged(self, mX, mW, mB, mY, mRstd, mMean, eps: Float32, smem, buffer, mbar_ptr,
-                        tile, pred, tXgX, tXrX, pivot):
+                        tile, pred, tXgX, tXrX):
         """The forward with ``stage_x``: x is copied to shared memory and read from there for
         each reduction and for the output, so only the 16-bit weight and bias stay in registers
         (two CTAs per SM on long rows, with every load issued up front)."""
@@ -324,7 +323,9 @@ class NormFwdSm90(_NormKernel):
         # Chan et al. (RMSNorm: mean 0, the plain sum of squares).
         read_fragment(tXsX, tXrX, pred, mX.element_type(0))
         h = tXrX.load().to(Float32)
+        pivot = Float32(0.0)
         if const_expr(cfg.layer_norm):
+            pivot = self._row_pivot(mX, None, tile)
             h = self._shift(h, tXrX, pred, pivot)
         _, mean, squares = row_reduce(
             self._thread_moments(h, tXrX, pred, cfg.layer_norm), _merge_moments, (Float32(0.0), Float32(0.0), Float32(0.0)),
