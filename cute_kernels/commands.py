@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import textwrap
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -27,6 +28,12 @@ FAMILY_MODULES = {
 # neither (plain vector loads and warp reductions), so there an absent instruction is expected.
 TENSOR_CORE_FAMILIES = ("gemm",)
 TABLE_WIDTH = 100
+MAX_COLUMNS = 120  # no line of the self-check is wider
+
+
+def _wrapped(text: str) -> str:
+    """``text`` folded to ``MAX_COLUMNS``, continuation lines indented."""
+    return textwrap.fill(text, MAX_COLUMNS, subsequent_indent="    ", break_long_words=True)
 
 
 def family_module(name: str):
@@ -103,8 +110,8 @@ def check_on_gpu() -> int:
                       f"{t_ours:8.3f} {t_torch:8.3f} {t_torch / t_ours:6.2f}x  {status}")
             except Exception as exc:  # report and continue: the table shows every op
                 ok = False
-                print(f"{check.op:16s} {check.shape:>14s} {check.dtype:9s} ERROR "
-                      f"{type(exc).__name__}: {exc}"[:TABLE_WIDTH * 2])
+                print(_wrapped(f"{check.op:16s} {check.shape:>14s} {check.dtype:9s} ERROR "
+                               f"{type(exc).__name__}: {exc}"))
             failures += not ok
     return failures
 
@@ -132,7 +139,7 @@ def check_compile_only(everything: bool) -> int:
             try:
                 report = inspect_kernel(kernel, config, specs, arch="sm_90a", cache=True)
             except CuteKernelsError as exc:
-                print(f"{name:13s} {kernel.__name__:18s} {label:38s} FAILED: {exc}"[:TABLE_WIDTH * 3])
+                print(_wrapped(f"{name:13s} {kernel.__name__:18s} {label:38s} FAILED: {exc}"))
                 failures += 1
                 continue
             cached += report.cached
@@ -146,7 +153,7 @@ def check_compile_only(everything: bool) -> int:
                   f"{_mark(wgmma, tensor_cores):>5s} {_mark(tma, tensor_cores):>3s} {secs:>5s}"
                   + ("  FAIL" if bad else ""))
             for remark in report.wgmma_serialized:
-                print(f"    ptxas: {remark}"[:TABLE_WIDTH * 2])
+                print(_wrapped(f"    ptxas: {remark}"))
     print("-" * TABLE_WIDTH)
     print("wgmma / tma: ✓ in the PTX; – not used by this family (row-wise kernels run on plain "
           "vector\nloads and warp reductions); ✗ missing where required (a failure). A row fails "
@@ -230,7 +237,7 @@ def precompile(arch: str, cache_dir: str | None, families, recorded: str | None,
                 else:
                     failures += 1
                     kernel, config, _ = items[index][1]
-                    print(f"  {kernel.__name__} {config_label(config)}: {status}"[:TABLE_WIDTH * 3])
+                    print(_wrapped(f"  {kernel.__name__} {config_label(config)}: {status}"))
     print(f"{done['compiled']} compiled, {done['cached']} already cached, {failures} failed "
           f"in {time.perf_counter() - start:.0f} s")
     return failures

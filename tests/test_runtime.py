@@ -131,3 +131,30 @@ def test_precompile_command_fills_the_cache_from_a_record(tmp_path):
     assert run.returncode == 0, run.stdout + run.stderr
     assert "1 compiled, 0 already cached, 0 failed" in run.stdout
     assert len(list(cache.rglob("*.o"))) == 1
+
+
+@pytest.mark.compile
+def test_self_check_table_reads_well(tmp_path, monkeypatch, capsys):
+    from cute_kernels import commands
+
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CUTE_KERNELS_ARCH", "sm_90a")
+    small = _small_kernel()
+
+    class Family:
+        @staticmethod
+        def compile_configurations(quick):
+            return [small]
+
+    monkeypatch.setattr(commands, "family_module", lambda name: Family)
+    monkeypatch.setattr(commands, "FAMILY_MODULES", {"softmax": "unused"})
+    assert commands.check_compile_only(everything=False) == 0
+    first = capsys.readouterr().out
+    assert commands.check_compile_only(everything=False) == 0  # the report kept on disk
+    second = capsys.readouterr().out
+    for out in (first, second):
+        assert max(len(line) for line in out.splitlines()) <= commands.MAX_COLUMNS
+        assert "✓ in the PTX; – not used" in out and " – " in out  # legend; row kernels: no wgmma
+        assert "True" not in out and "False" not in out
+    assert " disk" in second and "(1 this time" in second
+    assert small[1].label in first  # the short configuration name
