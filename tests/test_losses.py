@@ -121,6 +121,20 @@ def test_class_weights(reduction, z, dtype):
 
 
 @gpu
+def test_class_weights_under_torch_compile():
+    x = torch.randn(33, 1000, device="cuda", requires_grad=True)
+    t = torch.randint(0, 1000, (33,), device="cuda")
+    w = torch.rand(1000, device="cuda")
+    f = torch.compile(lambda x, t, w: ck.cross_entropy(x, t, weight=w), fullgraph=True)
+    loss = f(x, t, w)
+    (dx,) = torch.autograd.grad(loss, x)
+    x64 = x.detach().double().requires_grad_()
+    ref = ref_ce(x64, t, weight=w)
+    torch.testing.assert_close(loss.double(), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(dx.double(), torch.autograd.grad(ref, x64)[0], atol=1e-6, rtol=1e-4)
+
+
+@gpu
 def test_class_weights_all_ignored_is_nan_and_bad_weights_raise():
     x = torch.randn(4, 10, device="cuda")
     t = torch.full((4,), -100, device="cuda")
