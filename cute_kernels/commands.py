@@ -176,10 +176,18 @@ def precompile_plan(families, recorded: str | None) -> list:
         for kernel, config, specs in family_module(name).compile_configurations(quick=False):
             plan.append((kernel, config, tuple(specs), None))
     if recorded:
+        stale = 0
         with open(recorded) as f:
             for line in f:
-                if line.strip():
+                if not line.strip():
+                    continue
+                try:
                     plan.append(parse_record_line(line))
+                except Exception:  # a kernel or config that no longer exists: nothing to build
+                    stale += 1
+        if stale:
+            print(f"note: {stale} line(s) of {recorded} name kernels or configurations this "
+                  f"version does not have (a record from older code); skipped")
     unique = []
     for item in plan:
         key = repr(item[:3])

@@ -122,7 +122,8 @@ def test_cross_compiled_kernels_land_in_the_disk_cache(tmp_path, monkeypatch):
 def test_precompile_command_fills_the_cache_from_a_record(tmp_path):
     kernel, config, specs = _small_kernel()
     record = tmp_path / "kernels.txt"
-    record.write_text(kc.record_line(kernel, config, specs, "sm_90a") + "\n")
+    stale = "cute_kernels.rowwise.softmax.NoSuchKernel\tNoSuchConfig(n=1)\t()\tsm_90a"
+    record.write_text(kc.record_line(kernel, config, specs, "sm_90a") + "\n" + stale + "\n")
     cache = tmp_path / "cache"
     run = subprocess.run(
         [sys.executable, "-m", "cute_kernels", "precompile", "--cache-dir", str(cache),
@@ -130,6 +131,7 @@ def test_precompile_command_fills_the_cache_from_a_record(tmp_path):
         capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout + run.stderr
     assert "1 compiled, 0 already cached, 0 failed" in run.stdout
+    assert "1 line(s)" in run.stdout and "skipped" in run.stdout  # the stale line
     assert len(list(cache.rglob("*.o"))) == 1
 
 
