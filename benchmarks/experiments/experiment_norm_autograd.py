@@ -1,6 +1,6 @@
 """RMSNorm as users run it: forward with a bf16 or fp32 weight, backward through autograd
-(weight gradient included), ours against quack, with each side's kernels listed; and the host
-time of a tiny softmax call broken into its steps.
+(weight gradient included), ours against quack, with each side's kernels and host time listed
+(the host time of a tiny softmax call, step by step: profile_dispatch.py).
 
     python benchmarks/experiments/experiment_norm_autograd.py [MxN ...]
 """
@@ -31,18 +31,6 @@ def autograd_backward(norm):
         y, xg, wg = graphs[key]
         return torch.autograd.grad(y, (xg, wg), dy, retain_graph=True)
     return run
-
-
-def per_call_us(fn, calls=3000):
-    for _ in range(200):
-        fn()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
 
 
 def main():
@@ -91,18 +79,6 @@ def main():
                         torch.cuda.synchronize()
                     print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=14, max_name_column_width=60))
             del sets
-    x = torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16)
-    from cute_kernels.rowwise import softmax_op
-
-    y = torch.empty_like(x)
-    steps = {
-        "torch.softmax": lambda: torch.softmax(x, -1),
-        "ck.softmax": lambda: ck.softmax(x),
-        "softmax_fwd (op body)": lambda: softmax_op.softmax_fwd(x, y),
-        "torch.empty_like": lambda: torch.empty_like(x),
-    }
-    for name, fn in steps.items():
-        print(f"host {name:24s} {per_call_us(fn):6.2f} us/call")
 
 
 if __name__ == "__main__":

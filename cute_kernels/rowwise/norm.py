@@ -108,7 +108,7 @@ class NormConfig:
     # stays in its own dtype in registers; x and dy are loaded straight into registers.
     long_rows: bool = False
     # Backward: shared-memory stages of x and dy (2: the next tile loads during this one; 1:
-    # after this one's last read, where two do not fit; 0: x and dy loaded into registers).
+    # after this one's last read, where two do not fit beside long rows' accumulators).
     stages: int = 2
 
 
@@ -431,8 +431,7 @@ class NormBwdSm90(_NormKernel):
         # The column sum of the partials (launched next, as a programmatic dependent) may be
         # placed on the SMs as this grid's CTAs leave; it waits for this grid to finish.
         cute.arch.griddepcontrol_launch_dependents()
-        staged = const_expr(cfg.stages > 0 and
-                            rows.vec * min(mX.element_type.width, mdY.element_type.width) >= 32)
+        staged = const_expr(rows.vec * min(mX.element_type.width, mdY.element_type.width) >= 32)
         smem = cutlass.memory.SmemAllocator()
         buffer, mbar_ptr = reduction_workspace(smem, rows, 2 if const_expr(cfg.layer_norm) else 1, 2)
         copy_x, copy_dy = make_row_copy(mX.element_type, rows), make_row_copy(mdY.element_type, rows)

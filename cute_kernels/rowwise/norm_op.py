@@ -95,7 +95,9 @@ def _build_forward(key, vec):
     return NormFwdSm90, config, specs
 
 
-# The longest row the backward takes: 16 CTAs of 512 threads, 32 values each (``long_rows``).
+# The longest rows of the backward: on 16 CTAs of 256 threads (32 values each, dw and db in
+# registers), and on 16 CTAs of 512 threads (``long_rows``).
+BACKWARD_REGISTER_ROW = 16 * 256 * (128 // BACKWARD_HELD)
 BACKWARD_MAX_ROW = 16 * 512 * 32
 # Shared memory for a long-row backward's stages and accumulators (the rest of 227 KB holds
 # the reduction's exchange buffers).
@@ -110,7 +112,7 @@ def backward_rows(n: int, vec: int, widest: int) -> RowConfig:
     16384 2413 -> 2649; LayerNorm 32768 x 4096 2558 -> 2817). Longer rows take 16 CTAs of 256
     threads, one per SM, up to 131072; beyond, 16 CTAs of 512 threads (``long_rows``, up to
     ``BACKWARD_MAX_ROW``), 32 values per thread either way."""
-    if n > 16 * 256 * (128 // BACKWARD_HELD):
+    if n > BACKWARD_REGISTER_ROW:
         if n > BACKWARD_MAX_ROW:
             raise UnsupportedError(
                 f"row length {n} is longer than the {BACKWARD_MAX_ROW} elements the norm backward "
@@ -137,7 +139,7 @@ def long_row_stages(rows: RowConfig, x_size: int, dy_size: int, weight_grad: boo
             return stages
     raise UnsupportedError(
         f"the backward of rows of {rows.n} elements with {x_size * 8}-bit x and a weight and bias "
-        f"gradient is not supported (up to {16 * 256 * (128 // BACKWARD_HELD)}; 16-bit rows up "
+        f"gradient is not supported (up to {BACKWARD_REGISTER_ROW}; 16-bit rows up "
         f"to {BACKWARD_MAX_ROW})")
 
 
@@ -416,8 +418,8 @@ def _norm(x, weight, bias, residual, eps, layer_norm, out_dtype, per_head=False,
         if _needs_grad(x, weight, bias, residual):
             rows = backward_rows(n, 1, 4)
             if rows.num_threads > 256:
-                x_size = (residual_out_dtype or residual.dtype).itemsize if residual is not None else x.element_size()
-                long_row_stages(rows, x_size, (out_dtype or x.dtype).itemsize,
+                saved = x.dtype if residual is None else residual_out_dtype or residual.dtype
+                long_row_stages(rows, saved.itemsize, (out_dtype or x.dtype).itemsize,
                                 weight is not None and weight.requires_grad,
                                 bias is not None and bias.requires_grad)
         row_config(n, 1, 4, tensors_held=1)
