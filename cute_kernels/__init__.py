@@ -5,6 +5,7 @@
 """
 
 from . import _dsl  # noqa: F401  (the DSL on sys.path before anything imports cutlass)
+from .attention.op import flash_attn, flash_attn_varlen
 from .gemm.op import gemm, gemm_fp8
 from .losses.fused_linear_cross_entropy import FusedLinearCrossEntropyLoss, fused_linear_cross_entropy
 from .rowwise.cross_entropy_op import cross_entropy
@@ -23,6 +24,8 @@ from .runtime.errors import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "flash_attn",
+    "flash_attn_varlen",
     "gemm",
     "gemm_fp8",
     "softmax",

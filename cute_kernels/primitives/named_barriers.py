@@ -26,3 +26,14 @@ class GemmBarrier(enum.IntEnum):
     # and the flag seen before the partial is read.
     STREAM_K = 5
 
+
+
+class AttentionBarrier(enum.IntEnum):
+    """The attention forward's (``attention/fwd_sm90.py``) barriers."""
+
+    # Every MMA thread: the O tile is in shared memory before one warp stores it.
+    EPILOGUE = 1
+    # Ping-pong (256 threads: the waiting warpgroup and the one handing over): MMA warpgroup w
+    # may issue its next GEMMs once ``MMA_TURN + w`` completes; w's predecessor arrives on it
+    # after issuing its own. Ids MMA_TURN .. MMA_TURN + 2.
+    MMA_TURN = 2

@@ -1,0 +1,117 @@
+"""Attention forward: TFLOP/s (4 * B * Hq * Sq * Sk * D, halved for causal) for ours and the
+peers in the same run: cuDNN (SDPA's cuDNN backend), FlashAttention's CuTe kernel
+(``flash_attn.cute``), SDPA's flash backend (FlashAttention-2).
+
+    python benchmarks/bench_attention.py            # acceptance shapes + the sweep for the plot
+    python benchmarks/bench_attention.py --quick    # acceptance shapes only
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Results, bench_many, ceilings, make_input_sets, tflops, try_import  # noqa: E402
+
+import cute_kernels as ck  # noqa: E402
+
+TOKENS = 16384
+
+
+def sdpa_peer(backend):
+    from torch.nn.attention import sdpa_kernel
+    from torch.nn.functional import scaled_dot_product_attention
+
+    def run(q, k, v, causal):
+        with sdpa_kernel(backend):
+            return scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal,
+                enable_gqa=q.shape[2] != k.shape[2])
+    return run
+
+
+def peers():
+    from torch.nn.attention import SDPBackend
+
+    found = {"cudnn": sdpa_peer(SDPBackend.CUDNN_ATTENTION),
+             "sdpa_flash": sdpa_peer(SDPBackend.FLASH_ATTENTION)}
+    fa = try_import("flash_attn.cute")
+    if fa is not None:
+        found["fa_cute"] = lambda q, k, v, causal, window=None: fa.flash_attn_func(
+            q, k, v, causal=causal, **({} if window is None else {"window_size": window}))
+    return found
+
+
+def usable(fn, *args) -> bool:
+    try:
+        fn(*args)
+        torch.cuda.synchronize()
+        return True
+    except Exception as exc:  # a peer that does not support the case is left out of the row
+        print(f"[peer skipped: {type(exc).__name__}: {str(exc)[:120]}]", file=sys.stderr)
+        return False
+
+
+def run_case(results, peer_fns, batch, seqlen, heads, heads_kv, dim, causal, dtype=torch.bfloat16,
+             window=None, label="attn_fwd"):
+    def make():
+        q = torch.randn(batch, seqlen, heads, dim, device="cuda", dtype=dtype)
+        k = torch.randn(batch, seqlen, heads_kv, dim, device="cuda", dtype=dtype)
+        return q, k, torch.randn_like(k)
+
+    size = torch.tensor([], dtype=dtype).element_size()
+    sets = make_input_sets(make, batch * seqlen * (heads + 2 * heads_kv) * dim * size)
+    flops = 4 * batch * heads * seqlen * seqlen * dim / (2 if causal else 1)
+    if window is not None:
+        ours = lambda q, k, v: ck.flash_attn(q, k, v, causal=causal, window_size=window)
+        cands = {"ours": ours}
+        if "fa_cute" in peer_fns:
+            cands["fa_cute"] = lambda q, k, v: peer_fns["fa_cute"](q, k, v, causal, window)
+    else:
+        cands = {"ours": lambda q, k, v: ck.flash_attn(q, k, v, causal=causal)}
+        for name, fn in peer_fns.items():
+            cands[name] = (lambda f: lambda q, k, v: f(q, k, v, causal))(fn)
+    cands = {n: f for n, f in cands.items() if n == "ours" or usable(f, *sets[0])}
+    ms = bench_many(cands, sets)
+    rates = {k: tflops(flops, v) for k, v in ms.items()}
+    shape = (batch, seqlen, heads, heads_kv, dim)
+    tag = "causal" if causal else "full"
+    if window is not None:
+        tag = f"window{window[0]}"
+    row = results.add("attention", f"{label}_{tag}", shape, dtype, "TFLOPs", rates.pop("ours"),
+                      rates, ms=round(ms["ours"], 4))
+    del sets
+    return row
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    results = Results()
+    results.start(ceilings())
+    peer_fns = peers()
+    for dim in (128, 64, 256):
+        lengths = (1024, 2048, 4096, 8192, 16384) if dim == 128 else (4096,)
+        for seqlen in lengths:
+            for causal in (False, True):
+                run_case(results, peer_fns, TOKENS // seqlen, seqlen, 16, 16, dim, causal)
+    # GQA per query head against MHA; a sliding window against full causal.
+    run_case(results, peer_fns, 4, 4096, 32, 8, 128, True)
+    run_case(results, peer_fns, 4, 4096, 32, 32, 128, True)
+    run_case(results, peer_fns, 2, 8192, 16, 16, 128, True, window=(1024, 0))
+    if not args.quick:
+        for dim in (64, 96, 192):
+            for seqlen in (1024, 4096):
+                run_case(results, peer_fns, TOKENS // seqlen, seqlen, 16, 16, dim, True)
+        for seqlen in (512, 32768):
+            run_case(results, peer_fns, max(1, TOKENS // seqlen), seqlen, 16, 16, 128, True)
+    results.save()
+
+
+if __name__ == "__main__":
+    main()

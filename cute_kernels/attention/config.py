@@ -1,0 +1,54 @@
+"""Attention forward configurations and the heuristic that picks one.
+
+Pure functions of (head dim, mask kind, options): no tensor data is read, nothing is allocated
+or synchronized. Sequence lengths and batch sizes are run-time values of the compiled kernel, so
+a new length never recompiles.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+HEAD_DIMS = (64, 96, 128, 192, 256)
+
+
+@dataclass(frozen=True)
+class AttentionFwdConfig:
+    head_dim: int  # q's and k's (and v's) head dim
+    tile_m: int  # query rows per CTA: 64 per MMA warpgroup
+    tile_n: int  # key rows per K / V stage, a multiple of 16
+    stages: int = 2  # K and V pipeline depth
+    # Mask: with ``local`` the kernel masks keys outside [i + Sk - Sq - left, i + Sk - Sq + right]
+    # (left / right are run-time values; causal is right = 0 and an unbounded left).
+    local: bool = False
+    softcap: bool = False  # scores -> softcap * tanh(scores / softcap)
+    varlen: bool = False  # packed sequences with cu_seqlens (O stored with masked 16-byte stores)
+
+    @property
+    def mma_warpgroups(self) -> int:
+        return self.tile_m // 64
+
+    @property
+    def threads(self) -> int:
+        return 128 * (self.mma_warpgroups + 1)
+
+
+# (tile_m, tile_n) per head dim. Three MMA warpgroups (192 query rows) where the head is small,
+# so each K / V stage feeds more MMA work; two where the accumulators need the registers. The
+# key tile shrinks as the head grows so that Q, two K and two V stages fit the 227 KB of
+# shared memory and the S, P and O fragments fit the 240 registers of an MMA warpgroup.
+TILES = {64: (192, 128), 96: (128, 128), 128: (128, 128), 192: (128, 112), 256: (128, 80)}
+
+
+def attention_fwd_config(head_dim: int, *, local: bool, softcap: bool, varlen: bool) -> AttentionFwdConfig:
+    tile_m, tile_n = TILES[head_dim]
+    return AttentionFwdConfig(head_dim, tile_m, tile_n, local=local, softcap=softcap, varlen=varlen)
+
+
+def all_fwd_configs() -> list[AttentionFwdConfig]:
+    """Every configuration :func:`attention_fwd_config` can return."""
+    return [
+        attention_fwd_config(d, local=local, softcap=softcap, varlen=varlen)
+        for d in HEAD_DIMS for local in (False, True) for softcap in (False, True)
+        for varlen in (False, True)
+    ]

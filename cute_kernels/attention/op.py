@@ -1,0 +1,284 @@
+"""``flash_attn`` and ``flash_attn_varlen``: the torch-facing ops, their custom ops and autograd.
+
+The public functions validate their inputs (before any kernel runs), allocate O and the LSE,
+and call the custom op; the op's body picks the configuration (``config.py``) and launches the
+compiled kernel (``fwd_sm90.py``). Arguments and semantics follow ``flash_attn.flash_attn_func``
+and ``flash_attn_varlen_func``, so switching is a change of import.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..runtime import DTypeError, UnsupportedError, kernel_op
+from ..runtime.compile import ScalarSpec, StreamSpec, Sym, TensorSpec, get_kernel
+from ..runtime.dtypes import dtype_name
+from ..runtime.errors import check_tensor, describe
+from .config import HEAD_DIMS, attention_fwd_config
+
+DTYPES = (torch.bfloat16, torch.float16)
+ALIGN = 8  # elements: TMA needs every non-unit stride (and the data pointer) on 16 bytes
+L2_BYTES = 50 * 1024 * 1024  # for K and V of the (batch, head) pairs that run together
+LOG2_E = math.log2(math.e)
+
+
+def _qkv_spec(dtype: str, head_dim: int, varlen: bool) -> TensorSpec:
+    rank = 3 if varlen else 4
+    return TensorSpec(dtype, (Sym(),) * (rank - 1) + (head_dim,),
+                      (Sym(divisibility=ALIGN),) * (rank - 1) + (1,), 16)
+
+
+def kernel_specs(dtype: str, head_dim: int, varlen: bool) -> tuple:
+    """The argument signature of the forward kernel (``FlashAttnFwdSm90.__call__``)."""
+    qkv = _qkv_spec(dtype, head_dim, varlen)
+    lse_rank = 2 if varlen else 3
+    lse = TensorSpec("float32", (Sym(),) * lse_rank, (Sym(),) * (lse_rank - 1) + (1,), 4)
+    cu = TensorSpec("int32", (Sym(),), (1,), 4) if varlen else None
+    scalars = tuple(ScalarSpec(t) for t in ("float32", "float32", "int32", "int32", "int32", "int32"))
+    return (qkv, qkv, qkv, qkv, lse, cu, cu) + scalars + (StreamSpec(),)
+
+
+def compile_configurations() -> list:
+    """(kernel class, config, specs) of every forward kernel the heuristics can launch."""
+    from .config import all_fwd_configs
+    from .fwd_sm90 import FlashAttnFwdSm90
+
+    return [(FlashAttnFwdSm90, cfg, kernel_specs(dtype, cfg.head_dim, cfg.varlen))
+            for cfg in all_fwd_configs() for dtype in ("bfloat16", "float16")]
+
+
+def _l2_group(seqlen_k: int, head_dim: int, itemsize: int) -> int:
+    """(batch, head) pairs whose K and V fit in L2 together, a power of 2."""
+    per_pair = max(1, seqlen_k * head_dim * 2 * itemsize)
+    group = max(1, L2_BYTES // per_pair)
+    return 1 << (group.bit_length() - 1)
+
+
+@kernel_op("flash_attn_fwd", mutates_args=("out", "lse"))
+def flash_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                   lse: torch.Tensor, cu_seqlens_q: torch.Tensor | None,
+                   cu_seqlens_k: torch.Tensor | None, max_seqlen_q: int, max_seqlen_k: int,
+                   softmax_scale: float, local: bool, window_left: int, window_right: int,
+                   softcap: float) -> None:
+    """out, lse = attention(q, k, v) for validated inputs (see :func:`flash_attn`): batch
+    layout (B, S, H, D) without cu_seqlens, packed (total, H, D) with them. Windows are
+    non-negative here (unbounded sides already replaced by Sq + Sk)."""
+    from .fwd_sm90 import FlashAttnFwdSm90  # the kernel module: imported at the first compile
+
+    varlen = cu_seqlens_q is not None
+    head_dim = q.shape[-1]
+    config = attention_fwd_config(head_dim, local=local, softcap=softcap > 0, varlen=varlen)
+    kernel = get_kernel(FlashAttnFwdSm90, config, kernel_specs(dtype_name(q.dtype), head_dim, varlen))
+    if softcap > 0:
+        scale_log2, prescale = softcap * LOG2_E, softmax_scale / softcap
+    else:
+        scale_log2, prescale = softmax_scale * LOG2_E, 1.0
+    group = _l2_group(max_seqlen_k, head_dim, q.element_size())
+    q, k, v = _aligned(q), _aligned(k), _aligned(v)
+    kernel(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale_log2, prescale, window_left,
+           window_right, max_seqlen_q, group)
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself when TMA can read it, else a view or copy that it can (the last dim is
+    already unit-stride). Size-1 dims first get the stride a contiguous tensor would have:
+    they never address anything."""
+    strides = list(t.stride())
+    for i in range(t.dim() - 2, -1, -1):
+        if t.shape[i] == 1:
+            strides[i] = strides[i + 1] * t.shape[i + 1]
+    if strides != list(t.stride()):
+        t = t.as_strided(t.shape, strides)
+    if any(s % ALIGN for s in strides[:-1]) or t.data_ptr() % 16:
+        t = torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
+    return t
+
+
+def _check_qkv(q, k, v, rank: int, layout: str):
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, DTYPES, like=q if name != "q" else None)
+        if t.dtype != q.dtype:
+            raise DTypeError(f"{name} has dtype {t.dtype} but q has {q.dtype}: they must match")
+        if t.dim() != rank:
+            raise UnsupportedError(f"{name} has shape {tuple(t.shape)}; expected {rank} dims {layout}")
+        if t.shape[-1] and t.stride(-1) != 1:
+            raise UnsupportedError(f"{name} has stride {t.stride()}: its last dim (the head dim) "
+                                   f"must be contiguous (stride 1)")
+    head_dim = q.shape[-1]
+    if head_dim not in HEAD_DIMS:
+        raise UnsupportedError(f"head dim {head_dim} (q.shape[-1]) is not supported; "
+                               f"supported: {', '.join(map(str, HEAD_DIMS))}")
+    if k.shape[-1] != head_dim or v.shape[-1] != head_dim:
+        raise UnsupportedError(f"head dims differ: q {head_dim}, k {k.shape[-1]}, v {v.shape[-1]}; "
+                               f"k and v must have q's head dim")
+    if k.shape != v.shape:
+        raise UnsupportedError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
+    heads_q, heads_kv = q.shape[-2], k.shape[-2]
+    if heads_kv == 0 or heads_q % heads_kv:
+        raise UnsupportedError(f"q has {heads_q} heads and k / v {heads_kv}: the number of query "
+                               f"heads must be a positive multiple of the key / value heads")
+
+
+def _check_options(softmax_scale, window_size, softcap, dropout_p, alibi_slopes, head_dim):
+    if dropout_p != 0.0:
+        raise UnsupportedError(f"dropout_p={dropout_p!r} is not supported (only 0.0)")
+    if alibi_slopes is not None:
+        raise UnsupportedError("alibi_slopes is not supported (only None)")
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or not all(isinstance(w, int) and w >= -1 for w in window_size)):
+        raise UnsupportedError(f"window_size={window_size!r}: expected (left, right), ints >= -1 "
+                               f"(-1: unbounded)")
+    if not isinstance(softcap, (int, float)) or not softcap >= 0 or math.isinf(softcap):
+        raise UnsupportedError(f"softcap={softcap!r}: expected a finite float >= 0 (0: off)")
+    scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale
+    if not isinstance(scale, (int, float)) or not math.isfinite(scale):
+        raise UnsupportedError(f"softmax_scale={softmax_scale!r}: expected a finite float or None")
+    return float(scale)
+
+
+def _window(causal: bool, window_size, unbounded: int) -> tuple[bool, int, int]:
+    """(local, left, right) for the kernel: unbounded sides as ``unbounded`` (past every key)."""
+    left, right = window_size
+    if causal:
+        right = 0
+    local = left >= 0 or right >= 0
+    return local, (left if left >= 0 else unbounded), (right if right >= 0 else unbounded)
+
+
+def _backward_error():
+    return UnsupportedError("the backward of flash_attn / flash_attn_varlen is not available yet: "
+                            "call them without gradients (torch.no_grad() or detached inputs)")
+
+
+class _FlashAttn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, fwd):
+        out, lse = fwd(q, k, v)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        raise _backward_error()
+
+
+def _batch_forward(q, k, v, scale, causal, window_size, softcap):
+    batch, seqlen_q, heads_q, head_dim = q.shape
+    seqlen_k = k.shape[1]
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((batch, heads_q, seqlen_q), dtype=torch.float32, device=q.device)
+    if batch == 0 or seqlen_q == 0 or heads_q == 0:
+        return out, lse
+    if seqlen_k == 0:
+        return out.zero_(), lse.fill_(float("-inf"))
+    local, left, right = _window(causal, window_size, seqlen_q + seqlen_k)
+    flash_attn_fwd(q, k, v, out, lse, None, None, seqlen_q,
+                   seqlen_k, scale, local, left, right, float(softcap))
+    return out, lse
+
+
+def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0, *,
+               softmax_scale: float | None = None, causal: bool = False,
+               window_size: tuple = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
+               deterministic: bool = False, return_lse: bool = False):
+    """Attention of q over k, v (FlashAttention-2 on Hopper), as ``flash_attn_func``.
+
+    Args:
+        q: (B, Sq, Hq, D), bf16 or fp16. k, v: (B, Sk, Hkv, D), q's dtype; Hq a multiple of
+            Hkv (MHA, GQA, MQA: query head h reads key / value head h // (Hq / Hkv)).
+        softmax_scale: multiplies q . k (default 1 / sqrt(D)).
+        causal: query row i sees keys j <= i + Sk - Sq (aligned bottom-right, as FlashAttention).
+        window_size: (left, right) sliding window: keys i + Sk - Sq - left .. i + Sk - Sq + right;
+            -1 leaves a side unbounded. With ``causal`` the right side is 0.
+        softcap: > 0 caps the scores: softcap * tanh(score / softcap) (after the scale).
+        dropout_p, alibi_slopes: accepted for compatibility; only 0.0 and None.
+        deterministic: accepted for compatibility (the forward is always deterministic).
+        return_lse: also return the log-sum-exp of each row's scores, fp32 (B, Hq, Sq).
+
+    Returns ``out`` (B, Sq, Hq, D) in q's dtype, or ``(out, lse)``. A row that sees no key
+    (an empty window, Sk = 0) gets out 0 and LSE -inf.
+
+    Constraints:
+      - head dim 64, 96, 128, 192 or 256, the same for q, k and v; fp32 accumulation
+      - the head dim contiguous; other strides that are not multiples of 8 elements (or a data
+        pointer not on 16 bytes) cost a copy of that tensor
+      - no backward yet: calling it with gradients enabled on inputs that require them works,
+        but backpropagating through it raises an error
+    """
+    _check_qkv(q, k, v, 4, "(batch, seqlen, heads, head_dim)")
+    if k.shape[0] != q.shape[0]:
+        raise UnsupportedError(f"q has batch {q.shape[0]} and k / v {k.shape[0]}: they must match")
+    scale = _check_options(softmax_scale, window_size, softcap, dropout_p, alibi_slopes, q.shape[-1])
+
+    def fwd(q, k, v):
+        return _batch_forward(q, k, v, scale, causal, window_size, softcap)
+
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out, lse = _FlashAttn.apply(q, k, v, fwd)
+    else:
+        out, lse = fwd(q, k, v)
+    return (out, lse) if return_lse else out
+
+
+def _check_cu_seqlens(name: str, cu: torch.Tensor, device, total: int, batch: int | None):
+    if not isinstance(cu, torch.Tensor):
+        raise UnsupportedError(f"{name} must be a torch.Tensor of int32 offsets, got {describe(cu)}")
+    if cu.dtype != torch.int32:
+        raise DTypeError(f"{name} has dtype {cu.dtype}; expected torch.int32")
+    if cu.device != device:
+        raise UnsupportedError(f"{name} is on {cu.device}; expected q's device {device}")
+    if cu.dim() != 1 or cu.shape[0] < 1 or (batch is not None and cu.shape[0] != batch + 1):
+        want = "batch + 1 offsets" if batch is None else f"{batch + 1} offsets (like cu_seqlens_q)"
+        raise UnsupportedError(f"{name} has shape {tuple(cu.shape)}; expected 1-D with {want}")
+    return cu.contiguous()
+
+
+def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
+                      max_seqlen_k: int, dropout_p: float = 0.0, *,
+                      softmax_scale: float | None = None, causal: bool = False,
+                      window_size: tuple = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
+                      deterministic: bool = False, return_lse: bool = False):
+    """Attention over packed sequences, as ``flash_attn_varlen_func``.
+
+    Args:
+        q: (total_q, Hq, D); k, v: (total_k, Hkv, D): sequence b is rows
+            ``cu_seqlens[b]:cu_seqlens[b + 1]`` (int32, B + 1 non-decreasing offsets from 0).
+        max_seqlen_q, max_seqlen_k: the longest sequence lengths (they size the grid; a smaller
+            value than a real length leaves that sequence's tail rows unwritten).
+        The options are :func:`flash_attn`'s, applied to each sequence on its own (masks
+        aligned bottom-right per sequence).
+
+    Returns ``out`` (total_q, Hq, D), or ``(out, lse)`` with lse fp32 (Hq, total_q). Rows of a
+    zero-length key sequence get out 0 and LSE -inf.
+
+    Constraints: :func:`flash_attn`'s; the offsets are read by the kernel, never synchronized
+    on, so they are not checked against the tensors' lengths.
+    """
+    _check_qkv(q, k, v, 3, "(total_tokens, heads, head_dim)")
+    cu_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device, q.shape[0], None)
+    cu_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device, k.shape[0], cu_q.shape[0] - 1)
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if not isinstance(value, int) or value < 0:
+            raise UnsupportedError(f"{name}={value!r}: expected an int >= 0")
+    scale = _check_options(softmax_scale, window_size, softcap, dropout_p, alibi_slopes, q.shape[-1])
+
+    def fwd(q, k, v):
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+        lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+        if q.shape[0] == 0 or q.shape[1] == 0 or max_seqlen_q == 0 or cu_q.shape[0] == 1:
+            return out, lse
+        if k.shape[0] == 0 or max_seqlen_k == 0:
+            return out.zero_(), lse.fill_(float("-inf"))
+        local, left, right = _window(causal, window_size, max_seqlen_q + max_seqlen_k)
+        flash_attn_fwd(q, k, v, out, lse, cu_q, cu_k, max_seqlen_q,
+                       max_seqlen_k, scale, local, left, right, float(softcap))
+        return out, lse
+
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        out, lse = _FlashAttn.apply(q, k, v, fwd)
+    else:
+        out, lse = fwd(q, k, v)
+    return (out, lse) if return_lse else out

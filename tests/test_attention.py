@@ -1,0 +1,239 @@
+"""flash_attn / flash_attn_varlen against float64 references (cute_kernels.reference.attention).
+
+Rule (FlashAttention's): our max error against float64 is at most twice the error of the same
+attention computed by torch in the input precision, plus 1e-3.
+"""
+
+import math
+
+import pytest
+import torch
+
+import cute_kernels as ck
+from cute_kernels.attention.config import HEAD_DIMS
+from cute_kernels.attention.op import flash_attn_fwd
+from cute_kernels.reference.attention import attention_mask, attention_ref, attention_varlen_ref
+
+gpu = pytest.mark.gpu
+
+
+def lowp_ref(q, k, v, causal=False, softmax_scale=None, window_size=(-1, -1), softcap=0.0):
+    """The same attention in torch at q's precision (scores and P rounded to it)."""
+    dim = q.shape[-1]
+    scale = 1.0 / math.sqrt(dim) if softmax_scale is None else softmax_scale
+    group = q.shape[2] // k.shape[2]
+    k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+    scores = torch.einsum("bihd,bjhd->bhij", q, k).float() * scale
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    allowed = attention_mask(q.shape[1], k.shape[1], causal, window_size, q.device)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0).to(q.dtype)
+    return torch.einsum("bhij,bjhd->bihd", probs, v)
+
+
+def assert_attention_close(out, ref, lowp):
+    assert out.dtype == lowp.dtype and out.shape == ref.shape
+    ours = (out.double() - ref).abs().max().item() if out.numel() else 0.0
+    torch_err = (lowp.double() - ref).abs().max().item() if out.numel() else 0.0
+    assert ours <= 2 * torch_err + 1e-3, f"error {ours:.3e} vs torch's {torch_err:.3e} in {out.dtype}"
+
+
+def assert_lse_close(lse, ref):
+    finite = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(lse), finite), "rows without keys must have LSE -inf"
+    assert (lse[~finite] == float("-inf")).all()
+    if finite.any():
+        assert (lse[finite].double() - ref[finite]).abs().max().item() < 1e-3
+
+
+def qkv(batch, sq, sk, hq, hkv, dim, dtype=torch.bfloat16, scale=1.0, shift=0.0):
+    q = torch.randn(batch, sq, hq, dim, device="cuda", dtype=dtype) * scale + shift
+    k = torch.randn(batch, sk, hkv, dim, device="cuda", dtype=dtype) * scale + shift
+    v = torch.randn(batch, sk, hkv, dim, device="cuda", dtype=dtype)
+    return q, k, v
+
+
+def check(q, k, v, **kw):
+    out, lse = ck.flash_attn(q, k, v, return_lse=True, **kw)
+    ref, ref_lse = attention_ref(q, k, v, **kw)
+    assert_attention_close(out, ref, lowp_ref(q, k, v, **kw))
+    assert lse.shape == (q.shape[0], q.shape[2], q.shape[1]) and lse.dtype == torch.float32
+    assert_lse_close(lse, ref_lse)
+
+
+LENGTHS = [(1, 1), (17, 17), (128, 128), (1000, 1000), (113, 203), (203, 113)]
+
+
+@gpu
+@pytest.mark.parametrize("dim", HEAD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk", LENGTHS)
+def test_matches_float64(dim, causal, sq, sk):
+    check(*qkv(2, sq, sk, 4, 2, dim), causal=causal)
+
+
+@gpu
+@pytest.mark.parametrize("dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_long_sequences(dim, causal):
+    check(*qkv(1, 4096, 4096, 2, 1, dim), causal=causal)
+
+
+@gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp16(causal):
+    check(*qkv(2, 300, 257, 4, 4, 128, dtype=torch.float16), causal=causal)
+
+
+@gpu
+@pytest.mark.parametrize("hq,hkv", [(8, 8), (8, 2), (8, 1)])
+def test_mha_gqa_mqa(hq, hkv):
+    check(*qkv(2, 333, 333, hq, hkv, 64), causal=True)
+
+
+@gpu
+@pytest.mark.parametrize("window", [(32, 0), (64, 64), (-1, 16), (100, -1), (0, 0), (300, 300)])
+@pytest.mark.parametrize("sq,sk", [(300, 300), (257, 400), (400, 257)])
+def test_local_windows(window, sq, sk):
+    check(*qkv(2, sq, sk, 2, 2, 128), window_size=window)
+
+
+@gpu
+@pytest.mark.parametrize("dim", [64, 256])
+def test_causal_with_left_window(dim):
+    check(*qkv(1, 700, 700, 2, 1, dim), causal=True, window_size=(130, -1))
+
+
+@gpu
+@pytest.mark.parametrize("dim", [128, 256])
+@pytest.mark.parametrize("softcap", [5.0, 30.0])
+def test_softcap(dim, softcap):
+    check(*qkv(2, 300, 300, 2, 2, dim, scale=3.0), causal=True, softcap=softcap)
+
+
+@gpu
+def test_scale_and_inputs_far_from_zero_mean():
+    check(*qkv(2, 500, 500, 2, 2, 128, scale=2.0, shift=4.0), softmax_scale=0.3)
+
+
+@gpu
+def test_rows_that_see_no_key():
+    # Sq > Sk with a causal mask: the first Sq - Sk rows see nothing (out 0, LSE -inf).
+    q, k, v = qkv(1, 300, 50, 2, 2, 64)
+    out, lse = ck.flash_attn(q, k, v, causal=True, return_lse=True)
+    assert (out[:, :250] == 0).all() and (lse[..., :250] == float("-inf")).all()
+    check(q, k, v, causal=True)
+    empty_k = torch.empty(1, 0, 2, 64, device="cuda", dtype=torch.bfloat16)
+    out, lse = ck.flash_attn(q, empty_k, empty_k, return_lse=True)
+    assert (out == 0).all() and (lse == float("-inf")).all()
+
+
+@gpu
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (40, 8)}, {"softcap": 10.0}])
+def test_varlen(dim, kw):
+    lens_q, lens_k = [5, 0, 300, 128, 1, 77], [7, 3, 300, 0, 200, 77]
+    cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).int()
+    cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).int()
+    q = torch.randn(sum(lens_q), 4, dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(sum(lens_k), 2, dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    out, lse = ck.flash_attn_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_lse=True, **kw)
+    ref, ref_lse = attention_varlen_ref(q, k, v, cu_q, cu_k, **kw)
+    lowp = torch.zeros_like(q)
+    for b in range(len(lens_q)):
+        q0, q1, k0, k1 = cu_q[b].item(), cu_q[b + 1].item(), cu_k[b].item(), cu_k[b + 1].item()
+        if q1 > q0:
+            lowp[q0:q1] = lowp_ref(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1], **kw)[0]
+    assert_attention_close(out, ref, lowp)
+    assert lse.shape == (4, q.shape[0])
+    assert_lse_close(lse, ref_lse)
+
+
+@gpu
+@pytest.mark.parametrize("varlen", [False, True])
+def test_outputs_poisoned_with_nan_are_fully_written(varlen):
+    q, k, v = qkv(2, 200, 150, 4, 2, 128)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full((2, 4, 200), float("nan"), device="cuda")
+    cu = None
+    if varlen:
+        q, k, v = q.flatten(0, 1), k.flatten(0, 1), v.flatten(0, 1)
+        out, lse = out.flatten(0, 1), torch.full((4, 400), float("nan"), device="cuda")
+        cu = torch.tensor([0, 200, 400], device="cuda", dtype=torch.int32)
+    cu_k = None if cu is None else torch.tensor([0, 150, 300], device="cuda", dtype=torch.int32)
+    flash_attn_fwd(q, k, v, out, lse, cu, cu_k, 200, 150, 0.1, True, 350, 0, 0.0)
+    assert not out.isnan().any() and not lse.isnan().any()
+
+
+@gpu
+def test_nan_in_a_key_reaches_only_the_rows_that_see_it():
+    q, k, v = qkv(1, 256, 256, 2, 2, 128)
+    k[0, 200, 0, 5] = float("nan")
+    out = ck.flash_attn(q, k, v, causal=True)
+    rows_nan = out[0, :, 0].isnan().any(-1)
+    assert rows_nan[200:].all() and not rows_nan[:200].any()
+    assert not out[0, :, 1].isnan().any()
+
+
+@gpu
+def test_strided_and_packed_inputs():
+    # q, k, v as slices of one packed (B, S, 3, H, D) tensor, and a transposed-head layout.
+    qkv_packed = torch.randn(2, 190, 3, 4, 128, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv_packed.unbind(2)
+    check(q, k, v, causal=True)
+    q2 = torch.randn(2, 4, 190, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    check(q2, k, v)
+
+
+@gpu
+def test_torch_compile_with_dynamic_sequence_lengths():
+    fn = torch.compile(lambda q, k, v: ck.flash_attn(q, k, v, causal=True), fullgraph=True, dynamic=True)
+    for seqlen in (100, 257, 1000):
+        q, k, v = qkv(2, seqlen, seqlen, 4, 2, 64)
+        ref, _ = attention_ref(q, k, v, causal=True)
+        assert_attention_close(fn(q, k, v), ref, lowp_ref(q, k, v, causal=True))
+
+
+@gpu
+def test_backward_raises_a_clear_error():
+    q, k, v = (t.requires_grad_() for t in qkv(1, 64, 64, 2, 2, 64))
+    out = ck.flash_attn(q, k, v)
+    with pytest.raises(ck.UnsupportedError, match="backward"):
+        out.sum().backward()
+
+
+@gpu
+def test_errors_before_launch():
+    q, k, v = qkv(2, 64, 64, 4, 2, 128)
+    with pytest.raises(ck.UnsupportedError, match="head dim"):
+        ck.flash_attn(q, k[..., :64], v[..., :64])
+    with pytest.raises(ck.UnsupportedError, match="batch"):
+        ck.flash_attn(q, k[:1], v[:1])
+    with pytest.raises(ck.UnsupportedError, match="multiple"):
+        ck.flash_attn(q, *qkv(2, 64, 64, 3, 3, 128)[1:])
+    with pytest.raises(ck.UnsupportedError, match="head dim 80"):
+        ck.flash_attn(*qkv(1, 8, 8, 2, 2, 80))
+    with pytest.raises(ck.DTypeError):
+        ck.flash_attn(q.float(), k.float(), v.float())
+    with pytest.raises(ck.DTypeError):
+        ck.flash_attn(q, k.half(), v.half())
+    with pytest.raises(ck.UnsupportedError, match="contiguous"):
+        ck.flash_attn(q, k, torch.randn(2, 64, 128, 2, device="cuda", dtype=torch.bfloat16).transpose(-1, -2))
+    with pytest.raises(ck.UnsupportedError, match="dropout"):
+        ck.flash_attn(q, k, v, dropout_p=0.1)
+    with pytest.raises(ck.UnsupportedError, match="window_size"):
+        ck.flash_attn(q, k, v, window_size=(-2, 3))
+    flat = q.flatten(0, 1)
+    cu = torch.tensor([0, 64, 128], device="cuda", dtype=torch.int32)
+    with pytest.raises(ck.DTypeError, match="cu_seqlens_q"):
+        ck.flash_attn_varlen(flat, flat[:, :2], flat[:, :2], cu.long(), cu, 64, 64)
+    with pytest.raises(ck.UnsupportedError, match="cu_seqlens_k"):
+        ck.flash_attn_varlen(flat, flat[:, :2], flat[:, :2], cu, cu[:2], 64, 64)
+
+
+def test_cpu_tensors_are_refused():
+    q = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ck.DeviceError):
+        ck.flash_attn(q, q, q)
