@@ -23,10 +23,12 @@ FAMILY_MODULES = {
     "norms": "cute_kernels.rowwise.norm_op",
     "cross_entropy": "cute_kernels.rowwise.cross_entropy_op",
     "gemm": "cute_kernels.gemm.op",
+    "attention": "cute_kernels.attention.op",
 }
-# What each family's PTX must hold: the GEMM runs on wgmma fed by TMA; the row kernels use
-# neither (plain vector loads and warp reductions), so there an absent instruction is expected.
-TENSOR_CORE_FAMILIES = ("gemm",)
+# What each family's PTX must hold: the GEMM and attention run on wgmma fed by TMA; the row
+# kernels use neither (plain vector loads and warp reductions), so there an absent instruction
+# is expected.
+TENSOR_CORE_FAMILIES = ("gemm", "attention")
 TABLE_WIDTH = 100
 MAX_COLUMNS = 120  # no line of the self-check is wider
 

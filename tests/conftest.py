@@ -1,6 +1,8 @@
 import pytest
 import torch
 
+import cute_kernels  # noqa: F401  (the DSL importable here too: xdist unpickles its warnings)
+
 HAS_GPU = torch.cuda.is_available()
 
 

@@ -237,3 +237,12 @@ def test_cpu_tensors_are_refused():
     q = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
     with pytest.raises(ck.DeviceError):
         ck.flash_attn(q, q, q)
+
+
+@gpu
+def test_self_check_rows():
+    from cute_kernels.attention.op import self_checks
+
+    for check in self_checks():
+        assert check.error(check.ours()) <= check.tolerance
+        assert check.torch().shape == check.reference.shape

@@ -2,6 +2,7 @@
 
 import pytest
 
+from cute_kernels.attention import op as attention_op
 from cute_kernels.gemm import op as gemm_op
 from cute_kernels.rowwise import cross_entropy_op, norm_op
 from cute_kernels.rowwise.softmax_op import compile_configurations as softmax_configurations
@@ -106,6 +107,31 @@ def test_gemm_configuration_uses_wgmma_tma_and_no_spills(case):
     assert report.has("setmaxnreg"), "warp specialization must rebalance registers"
     # Dependent launch: wait for the previous grid before any global access, release the next.
     assert report.has("griddepcontrol.wait") and report.has("griddepcontrol.launch_dependents")
+    assert not report.local_memory, f"local memory / spills: {report.summary()}"
+    assert not report.wgmma_serialized, f"ptxas serialized the wgmma: {report.wgmma_serialized}"
+
+
+ATTENTION = attention_op.compile_configurations()
+
+
+def _attention_id(case):
+    _, c, specs = case
+    flags = "".join(f"-{k}" for k in ("local", "softcap", "varlen") if getattr(c, k))
+    return f"d{c.head_dim}-{c.tile_m}x{c.tile_n}x{c.stages}{flags}-{specs[0].dtype}"
+
+
+@pytest.mark.parametrize("case", ATTENTION, ids=[_attention_id(c) for c in ATTENTION])
+def test_attention_configuration_uses_wgmma_tma_and_no_spills(case):
+    kernel, config, specs = case
+    report = inspect_kernel(kernel, config, specs, arch="sm_90a")
+    assert report.has("wgmma.mma_async"), "S = Q K^T and O += P V must issue wgmma"
+    assert report.has("cp.async.bulk.tensor"), "Q, K and V must move by TMA"
+    assert report.has("setmaxnreg"), "warp specialization must rebalance registers"
+    assert report.has("ex2.approx"), "the softmax runs on exp2"
+    if config.softcap:
+        assert report.has("tanh.approx"), "softcap uses the hardware tanh"
+    if config.head_dim <= 128:
+        assert report.has("bar.arrive"), "ping-pong hands the tensor cores over by named barriers"
     assert not report.local_memory, f"local memory / spills: {report.summary()}"
     assert not report.wgmma_serialized, f"ptxas serialized the wgmma: {report.wgmma_serialized}"
 

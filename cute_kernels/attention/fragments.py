@@ -63,5 +63,5 @@ def convert_pairs(src: cute.Tensor, dst: cute.Tensor):
     shapes; the pairs must be adjacent in ``dst``'s layout, as in a compact fragment)."""
     packed = cute.recast_tensor(dst, Int32)
     to_bf16 = cutlass.const_expr(dst.element_type is cutlass.BFloat16)
-    for i in cutlass.range_constexpr(cute.size(packed)):
+    for i in cutlass.range(cute.size(packed), unroll_full=True):
         packed[i] = _pack_half2(src[2 * i], src[2 * i + 1], to_bf16)

@@ -18,10 +18,12 @@ Design:
   - Masks (``mask.py``): only the first block visited (the key tail) and, with ``local``, the
     blocks that the diagonal or the window's left edge crosses are masked; blocks outside every
     row's window are never loaded.
-  - Tile order: the 1-D grid walks groups of (batch, head) pairs whose K and V fit in L2 (the
-    group size is a run-time argument), query tiles from the last (the longest with a causal
-    mask) to the first within a group. Varlen: a (query tile, head, sequence) grid, tiles past a
-    sequence's end exit at once.
+  - Tile order: the 1-D grid walks groups of ``l2_group`` (batch, head) pairs, query tiles from
+    the last (the longest with a causal mask) to the first within a group, the pairs of a group
+    interleaved. The launcher passes 1 without a mask (consecutive CTAs are consecutive tiles of
+    one pair, reading the same K / V blocks together) and, with one, as many pairs as have K and
+    V fit in L2. Varlen: a (query tile, head, sequence) grid, tiles past a sequence's end exit
+    at once.
   - Epilogue: O / row sum in 16 bits, written to shared memory over Q's buffer (stmatrix), then
     TMA-stored by one warp (batch layout) or copied out in 16-byte vectors with the rows past
     the sequence left alone (varlen). LSE (fp32, natural log; -inf for a row that sees no key)
@@ -342,7 +344,7 @@ class FlashAttnFwdSm90:
         """Softcap and masks on a finished S block."""
         tile, thr_qk, row_offset, softcap_prescale = steps[11], steps[12], steps[13], steps[14]
         if const_expr(self.config.softcap):
-            for i in cutlass.range_constexpr(cute.size(acc_s)):
+            for i in cutlass.range(cute.size(acc_s), unroll_full=True):
                 acc_s[i] = cute.math.tanh(acc_s[i] * softcap_prescale, fastmath=True)
         if const_expr(mask or check_seqlen):
             tile.apply(acc_s, n_block, thr_qk, row_offset, check_seqlen)

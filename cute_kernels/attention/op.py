@@ -40,17 +40,52 @@ def kernel_specs(dtype: str, head_dim: int, varlen: bool) -> tuple:
     return (qkv, qkv, qkv, qkv, lse, cu, cu) + scalars + (StreamSpec(),)
 
 
-def compile_configurations() -> list:
-    """(kernel class, config, specs) of every forward kernel the heuristics can launch."""
+def compile_configurations(quick: bool = False) -> list:
+    """(kernel class, config, specs) of every forward kernel the heuristics can launch: each
+    head dim, with and without a mask, softcap and varlen, in bf16 and fp16. ``quick`` keeps
+    bf16 head dim 128 with and without a causal mask."""
     from .config import all_fwd_configs
     from .fwd_sm90 import FlashAttnFwdSm90
 
+    configs = all_fwd_configs()
+    dtypes = ("bfloat16", "float16")
+    if quick:
+        configs = [c for c in configs if c.head_dim == 128 and not c.softcap and not c.varlen]
+        dtypes = ("bfloat16",)
     return [(FlashAttnFwdSm90, cfg, kernel_specs(dtype, cfg.head_dim, cfg.varlen))
-            for cfg in all_fwd_configs() for dtype in ("bfloat16", "float16")]
+            for cfg in configs for dtype in dtypes]
 
 
-def _l2_group(seqlen_k: int, head_dim: int, itemsize: int) -> int:
-    """(batch, head) pairs whose K and V fit in L2 together, a power of 2."""
+def self_checks():
+    """Rows of the ``python -m cute_kernels`` table for attention."""
+    from ..reference.attention import attention_ref
+    from ..runtime.selfcheck import SelfCheck
+
+    checks = []
+    for causal in (False, True):
+        q, k, v = (torch.randn(2, 1024, 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+        ref, _ = attention_ref(q, k, v, causal=causal)
+
+        def sdpa(q=q, k=k, v=v, causal=causal):
+            return torch.nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal).transpose(1, 2)
+
+        checks.append(SelfCheck("attn_fwd_causal" if causal else "attn_fwd", "2x1024x8x128", "bfloat16",
+                                lambda q=q, k=k, v=v, causal=causal: flash_attn(q, k, v, causal=causal),
+                                sdpa, ref, 2e-2))
+    return checks
+
+
+def _l2_group(seqlen_k: int, head_dim: int, itemsize: int, local: bool) -> int:
+    """How many (batch, head) pairs the grid interleaves (module docstring of fwd_sm90.py).
+
+    Without a mask every tile of a pair costs the same: 1, so the CTAs that run together are
+    consecutive query tiles of one pair, reading the same K and V blocks at the same time
+    (measured on H100, hdim 128: 3-9% faster than interleaving the pairs that fit in L2).
+    Causal / local: the pairs whose K and V fit in L2 together, a power of 2, so the longest
+    tiles of all of them start first."""
+    if not local:
+        return 1
     per_pair = max(1, seqlen_k * head_dim * 2 * itemsize)
     group = max(1, L2_BYTES // per_pair)
     return 1 << (group.bit_length() - 1)
@@ -75,7 +110,7 @@ def flash_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
         scale_log2, prescale = softcap * LOG2_E, softmax_scale / softcap
     else:
         scale_log2, prescale = softmax_scale * LOG2_E, 1.0
-    group = _l2_group(max_seqlen_k, head_dim, q.element_size())
+    group = _l2_group(max_seqlen_k, head_dim, q.element_size(), local)
     q, k, v = _aligned(q), _aligned(k), _aligned(v)
     kernel(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale_log2, prescale, window_left,
            window_right, max_seqlen_q, group)
@@ -130,12 +165,13 @@ def _check_options(softmax_scale, window_size, softcap, dropout_p, alibi_slopes,
             or not all(isinstance(w, int) and w >= -1 for w in window_size)):
         raise UnsupportedError(f"window_size={window_size!r}: expected (left, right), ints >= -1 "
                                f"(-1: unbounded)")
-    if not isinstance(softcap, (int, float)) or not softcap >= 0 or math.isinf(softcap):
+    if not isinstance(softcap, (int, float)) or not 0 <= softcap < math.inf:
         raise UnsupportedError(f"softcap={softcap!r}: expected a finite float >= 0 (0: off)")
-    scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale
-    if not isinstance(scale, (int, float)) or not math.isfinite(scale):
+    if softmax_scale is None:
+        return 1.0 / math.sqrt(int(head_dim))
+    if not isinstance(softmax_scale, (int, float)) or not -math.inf < softmax_scale < math.inf:
         raise UnsupportedError(f"softmax_scale={softmax_scale!r}: expected a finite float or None")
-    return float(scale)
+    return float(softmax_scale)
 
 
 def _window(causal: bool, window_size, unbounded: int) -> tuple[bool, int, int]:
