@@ -23,6 +23,9 @@ class AttentionFwdConfig:
     local: bool = False
     softcap: bool = False  # scores -> softcap * tanh(scores / softcap)
     varlen: bool = False  # packed sequences with cu_seqlens (O stored with masked 16-byte stores)
+    # One CTA per SM walks tiles; O gets its own shared buffer, so the next tile's Q and first
+    # K / V blocks load while the MMA warpgroups finish a tile (needs the shared memory for it).
+    persistent: bool = False
 
     @property
     def mma_warpgroups(self) -> int:
@@ -32,6 +35,18 @@ class AttentionFwdConfig:
     def threads(self) -> int:
         return 128 * (self.mma_warpgroups + 1)
 
+    @property
+    def smem_bytes(self) -> int:
+        """Q, K and V stages, and O's buffer when persistent (16-bit values)."""
+        tiles = self.tile_m * (2 if self.persistent else 1) + 2 * self.stages * self.tile_n
+        return 2 * self.head_dim * tiles
+
+
+SMEM_BYTES = 227 * 1024  # what one CTA may use on sm_90 (232448 bytes, less the barriers)
+# Up to this many keys a tile's fixed costs (the first Q and K loads, the epilogue) weigh enough
+# that a persistent CTA hiding them beats a wider key tile (measured on H100, head dim 128).
+SHORT_KEYS = 2048
+
 
 # (tile_m, tile_n) per head dim. Three MMA warpgroups (192 query rows) for head dim 64, so each
 # K / V stage feeds more MMA work; two elsewhere (three at head dim 96 spill: 160 registers
@@ -40,8 +55,13 @@ class AttentionFwdConfig:
 TILES = {64: (192, 128), 96: (128, 128), 128: (128, 128), 192: (128, 112), 256: (128, 80)}
 
 
-def attention_fwd_config(head_dim: int, *, local: bool, softcap: bool, varlen: bool) -> AttentionFwdConfig:
+def attention_fwd_config(head_dim: int, *, local: bool, softcap: bool, varlen: bool,
+                         max_seqlen_k: int = 0) -> AttentionFwdConfig:
     tile_m, tile_n = TILES[head_dim]
+    persistent = AttentionFwdConfig(head_dim, tile_m, tile_n, persistent=True).smem_bytes <= SMEM_BYTES
+    if persistent and (head_dim != 128 or max_seqlen_k <= SHORT_KEYS):
+        return AttentionFwdConfig(head_dim, tile_m, tile_n, local=local, softcap=softcap,
+                                  varlen=varlen, persistent=True)
     stages = 2
     if head_dim == 128:
         # Measured on H100 (16k tokens, 16 heads, bf16): without a mask 128 x 176 tiles run
@@ -58,8 +78,9 @@ def attention_fwd_config(head_dim: int, *, local: bool, softcap: bool, varlen: b
 
 def all_fwd_configs() -> list[AttentionFwdConfig]:
     """Every configuration :func:`attention_fwd_config` can return."""
-    return [
-        attention_fwd_config(d, local=local, softcap=softcap, varlen=varlen)
+    found = {
+        attention_fwd_config(d, local=local, softcap=softcap, varlen=varlen, max_seqlen_k=keys)
         for d in HEAD_DIMS for local in (False, True) for softcap in (False, True)
-        for varlen in (False, True)
-    ]
+        for varlen in (False, True) for keys in (SHORT_KEYS, SHORT_KEYS + 1)
+    }
+    return sorted(found, key=lambda c: (c.head_dim, c.persistent, c.local, c.softcap, c.varlen))

@@ -24,6 +24,10 @@ Design:
     one pair, reading the same K / V blocks together) and, with one, as many pairs as have K and
     V fit in L2. Varlen: a (query tile, head, sequence) grid, tiles past a sequence's end exit
     at once.
+  - Persistent CTAs (``config.persistent``, where shared memory holds a separate O buffer): one
+    CTA per SM walks the tiles; the MMA warpgroups release Q after their last S GEMM of a tile,
+    so the producer loads the next tile's Q and first K / V blocks under the last P V GEMM and
+    the epilogue. Otherwise one CTA per tile, and O is staged over Q's buffer.
   - Epilogue: O / row sum in 16 bits, written to shared memory over Q's buffer (stmatrix), then
     TMA-stored by one warp (batch layout) or copied out in 16-byte vectors with the rows past
     the sequence left alone (varlen). LSE (fp32, natural log; -inf for a row that sees no key)
@@ -100,7 +104,7 @@ class FlashAttnFwdSm90:
     @cute.jit
     def __call__(self, mQ, mK, mV, mO, mLSE, mCuSeqlensQ, mCuSeqlensK, scale_log2: Float32,
                  softcap_prescale: Float32, window_left: Int32, window_right: Int32,
-                 max_seqlen_q: Int32, l2_group: Int32, stream):
+                 max_seqlen_q: Int32, l2_group: Int32, max_ctas: Int32, stream):
         cfg = self.config
         self.dtype = mQ.element_type
         varlen = const_expr(cfg.varlen)
@@ -134,6 +138,8 @@ class FlashAttnFwdSm90:
         self.q_bytes = cute.size_in_bytes(self.dtype, self.sQ_layout)
         self.kv_bytes = cute.size_in_bytes(self.dtype, cute.slice_(self.sK_layout, (None, None, 0)))
 
+        o_cosize = cute.cosize(self.sQ_layout) if const_expr(cfg.persistent) else 0
+
         @cute.struct
         class Storage:
             bar_q: cute.struct.MemRange[cutlass.Int64, 2]
@@ -142,36 +148,30 @@ class FlashAttnFwdSm90:
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sV_layout)], 1024]
+            sO: cute.struct.Align[cute.struct.MemRange[self.dtype, o_cosize], 1024]
 
         self.storage = Storage
         m_blocks = cute.ceil_div(max_seqlen_q, self.tile_m)
         heads = q.shape[2]
-        if const_expr(varlen):
-            grid = (m_blocks, heads, mCuSeqlensQ.shape[0] - 1)
-        else:
-            grid = (m_blocks * heads * q.shape[3], 1, 1)
+        batches = mCuSeqlensQ.shape[0] - 1 if const_expr(varlen) else q.shape[3]
+        tiles = m_blocks * heads * batches
+        grid = (cutlass.min(tiles, max_ctas), 1, 1)
         self.kernel(
             tma_q, tma_tensor_q, tma_k, tma_tensor_k, tma_v, tma_tensor_v, tma_o, out, lse,
             mCuSeqlensQ, mCuSeqlensK, q.shape[0], k.shape[0], heads, k.shape[2], scale_log2,
-            softcap_prescale, window_left, window_right, m_blocks, l2_group,
+            softcap_prescale, window_left, window_right, m_blocks, batches, l2_group,
             self.sQ_layout, self.sK_layout, self.sV_layout, self.tiled_mma_qk, self.tiled_mma_pv,
         ).launch(grid=grid, block=[self.config.threads, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     # ------------------------------------------------------------------ device side
 
     @cute.jit
-    def tile_coords(self, m_blocks, heads, batches, l2_group):
-        """(m_block, head, batch) of this CTA (module docstring: tile order)."""
-        bid = cute.arch.block_idx()
-        if const_expr(self.config.varlen):
-            m_block, head, batch = bid[0], bid[1], bid[2]
-            if const_expr(self.config.local):
-                m_block = m_blocks - 1 - m_block
-            return m_block, head, batch
+    def tile_coords(self, tile, m_blocks, heads, batches, l2_group):
+        """(m_block, head, batch) of linear tile index ``tile`` (module docstring: tile order)."""
         pairs = heads * batches
         per_group = l2_group * m_blocks
-        group = bid[0] // per_group
-        in_group = bid[0] - group * per_group
+        group = tile // per_group
+        in_group = tile - group * per_group
         group_pairs = cutlass.min(l2_group, pairs - group * l2_group)
         m_rank = in_group // group_pairs
         pair = group * l2_group + in_group - m_rank * group_pairs
@@ -182,7 +182,7 @@ class FlashAttnFwdSm90:
     def kernel(self, tma_q, mQ, tma_k, mK, tma_v, mV, tma_o, mO, mLSE, mCuSeqlensQ, mCuSeqlensK,
                seqlen_q_static: Int32, seqlen_k_static: Int32, heads: Int32, heads_kv: Int32,
                scale_log2: Float32, softcap_prescale: Float32, window_left: Int32,
-               window_right: Int32, m_blocks: Int32, l2_group: Int32,
+               window_right: Int32, m_blocks: Int32, batches: Int32, l2_group: Int32,
                sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sV_layout: cute.ComposedLayout, tiled_mma_qk: cute.TiledMma,
                tiled_mma_pv: cute.TiledMma):
@@ -213,26 +213,32 @@ class FlashAttnFwdSm90:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sV_layout.outer, swizzle=sV_layout.inner)
 
-        batches = 1
-        if const_expr(not cfg.varlen):
-            batches = mQ.shape[3]
-        m_block, head, batch = self.tile_coords(m_blocks, heads, batches, l2_group)
-        seq = Sequence(batch, seqlen_q_static, seqlen_k_static, mCuSeqlensQ, mCuSeqlensK)
-        tile = TileMask(self.tile_m, self.tile_n, cfg.local, seq, m_block, window_left, window_right)
-        head_kv = head // (heads // heads_kv)
+        sO = sQ  # O is staged over Q's buffer, unless the CTA goes on to another tile
+        if const_expr(cfg.persistent):
+            sO = storage.sO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        schedule = (m_blocks, heads, batches, l2_group)
         pipeline_init_wait(cluster_shape_mn=(1, 1))
 
-        if m_block * self.tile_m < seq.seqlen_q:  # varlen: tiles past the sequence exit
-            if tidx < 128:
-                cute.arch.setmaxregister_decrease(self.producer_regs)
-                if warp == 0:
-                    self.load(tma_q, tma_k, tma_v, mQ, mK, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v,
-                              seq, tile, m_block, head, head_kv, batch)
-            else:
-                cute.arch.setmaxregister_increase(self.mma_regs)
-                self.mma(tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, tma_o, mO, mLSE, pipe_q, pipe_k,
-                         pipe_v, seq, tile, m_block, head, batch, scale_log2, softcap_prescale,
-                         tidx - 128)
+        if tidx < 128:
+            cute.arch.setmaxregister_decrease(self.producer_regs)
+            if warp == 0:
+                self.load(tma_q, tma_k, tma_v, mQ, mK, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v,
+                          schedule, seqlen_q_static, seqlen_k_static, mCuSeqlensQ, mCuSeqlensK,
+                          heads_kv, window_left, window_right)
+        else:
+            cute.arch.setmaxregister_increase(self.mma_regs)
+            self.mma(tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sO, tma_o, mO, mLSE, pipe_q, pipe_k,
+                     pipe_v, schedule, seqlen_q_static, seqlen_k_static, mCuSeqlensQ, mCuSeqlensK,
+                     window_left, window_right, scale_log2, softcap_prescale, tidx - 128)
+
+    def _tile(self, tile, schedule, seqlen_q_static, seqlen_k_static, cu_q, cu_k, window_left,
+              window_right):
+        """(m_block, head, batch, sequence bounds, masks) of linear tile index ``tile``."""
+        m_block, head, batch = self.tile_coords(tile, *schedule)
+        seq = Sequence(batch, seqlen_q_static, seqlen_k_static, cu_q, cu_k)
+        mask = TileMask(self.tile_m, self.tile_n, self.config.local, seq, m_block, window_left,
+                        window_right)
+        return m_block, head, batch, seq, mask
 
     def _rows(self, t: cute.Tensor, offset, head, batch) -> cute.Tensor:
         """One head's (rows, D) of a (rows, D, H[, B]) tensor, from this sequence's first row."""
@@ -241,25 +247,52 @@ class FlashAttnFwdSm90:
         return t[None, None, head, batch]
 
     @cute.jit
-    def load(self, tma_q, tma_k, tma_v, mQ, mK, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v, seq, tile,
-             m_block, head, head_kv, batch):
-        """Producer warp: Q once, then K and V blocks from the last to the first (K one block
-        ahead of V, the order in which the MMA warpgroups use them)."""
+    def load(self, tma_q, tma_k, tma_v, mQ, mK, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v, schedule,
+             seqlen_q_static, seqlen_k_static, cu_q, cu_k, heads_kv, window_left, window_right):
+        """Producer warp, tile after tile: Q once, then K and V blocks from the last to the first
+        (K one block ahead of V, the order in which the MMA warpgroups use them). A persistent
+        CTA loads the next tile's Q and first blocks while the MMA warpgroups finish the last."""
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.config.stages)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        m_blocks, heads, batches, _ = schedule
+        for tile in range(cute.arch.block_idx()[0], m_blocks * heads * batches, cute.arch.grid_dim()[0]):
+            state, q_state = self.load_tile(
+                tile, tma_q, tma_k, tma_v, mQ, mK, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v, schedule,
+                seqlen_q_static, seqlen_k_static, cu_q, cu_k, heads_kv, window_left, window_right,
+                state, q_state)
+
+    @cute.jit
+    def load_tile(self, tile, tma_q, tma_k, tma_v, mQ, mK, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v,
+                  schedule, seqlen_q_static, seqlen_k_static, cu_q, cu_k, heads_kv, window_left,
+                  window_right, state, q_state):
+        """The loads of one tile; returns the advanced pipeline states."""
+        m_block, head, batch, seq, mask = self._tile(tile, schedule, seqlen_q_static,
+                                                     seqlen_k_static, cu_q, cu_k, window_left,
+                                                     window_right)
+        if m_block * self.tile_m < seq.seqlen_q:  # varlen: tiles past the sequence are skipped
+            state, q_state = self.load_tile_blocks(
+                tma_q, tma_k, tma_v, mQ, mK, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v, m_block,
+                head, head // (schedule[1] // heads_kv), batch, seq, mask, state, q_state)
+        return state, q_state
+
+    @cute.jit
+    def load_tile_blocks(self, tma_q, tma_k, tma_v, mQ, mK, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v,
+                         m_block, head, head_kv, batch, seq, mask, state, q_state):
+        """TMA loads of one tile inside its sequence: Q, then K and V blocks."""
+        one = cute.make_layout(1)
         gQ = cute.local_tile(self._rows(mQ, seq.offset_q, head, batch), (self.tile_m, self.head_dim), (m_block, 0))
         gK = cute.local_tile(self._rows(mK, seq.offset_k, head_kv, batch), (self.tile_n, self.head_dim), (None, 0))
         gV = cute.local_tile(self._rows(mV, seq.offset_k, head_kv, batch), (self.tile_n, self.head_dim), (None, 0))
-        one = cute.make_layout(1)
         tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
         tKsK, tKgK = cpasync.tma_partition(tma_k, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
         tVsV, tVgV = cpasync.tma_partition(tma_v, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
-        n_min, n_max = tile.block_range()
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.config.stages)
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        n_min, n_max = mask.block_range()
         n = n_max - 1
         pipe_k.producer_acquire(state)
         cute.copy(tma_k, tKgK[None, n], tKsK[None, state.index], tma_bar_ptr=pipe_k.producer_get_barrier(state))
         pipe_q.producer_acquire(q_state)
         cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+        q_state.advance()
         for _ in range(n - n_min):
             v_state = state.clone()
             state.advance()
@@ -272,11 +305,15 @@ class FlashAttnFwdSm90:
             n -= 1
         pipe_v.producer_acquire(state)
         cute.copy(tma_v, tVgV[None, n], tVsV[None, state.index], tma_bar_ptr=pipe_v.producer_get_barrier(state))
+        state.advance()
+        return state, q_state
 
     @cute.jit
-    def mma(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, tma_o, mO, mLSE, pipe_q, pipe_k, pipe_v,
-            seq, tile, m_block, head, batch, scale_log2, softcap_prescale, tidx):
-        """MMA warpgroups: 64 query rows each, over the tile's key blocks; then the epilogue."""
+    def mma(self, tiled_mma_qk, tiled_mma_pv, sQ, sK, sV, sO, tma_o, mO, mLSE, pipe_q, pipe_k,
+            pipe_v, schedule, seqlen_q_static, seqlen_k_static, cu_q, cu_k, window_left,
+            window_right, scale_log2, softcap_prescale, tidx):
+        """MMA warpgroups, tile after tile: 64 query rows each over the tile's key blocks, then
+        the epilogue."""
         cfg = self.config
         wg = cute.arch.make_warp_uniform(tidx // 128)
         sQ_rows = cute.local_tile(sQ, (64, self.head_dim), (wg, 0))
@@ -291,28 +328,59 @@ class FlashAttnFwdSm90:
         thr_qk = tiled_mma_qk.get_slice(tidx % 128)
         acc_o = cute.make_rmem_tensor(wg_pv.partition_shape_C((64, self.head_dim)), Float32)
         tOrP = tiled_mma_pv.make_fragment_A(wg_pv.partition_shape_A((64, self.tile_n)))
-        acc_o.fill(0.0)
         softmax = OnlineSoftmax(scale_log2, 2)
         carried_scale = cute.make_rmem_tensor(2, Float32)  # rescale_early: the pending row scale
-        carried_scale.fill(1.0)
-        steps = (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP, acc_o, softmax,
-                 carried_scale, pipe_k, pipe_v, tile, thr_qk, wg * 64, softcap_prescale)
-
         if const_expr(self.pingpong):
             if wg == 0:  # warpgroup 0 issues first
                 cute.arch.barrier_arrive(barrier_id=int(AttentionBarrier.MMA_TURN),
                                          number_of_threads=256)
-        n_min, n_max = tile.block_range()
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
-        pipe_q.consumer_wait(pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1))
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        m_blocks, heads, batches, _ = schedule
+        for tile in range(cute.arch.block_idx()[0], m_blocks * heads * batches, cute.arch.grid_dim()[0]):
+            state, q_state = self.mma_tile(
+                tile, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP, acc_o, softmax,
+                carried_scale, thr_qk, sO, tma_o, mO, mLSE, pipe_q, pipe_k, pipe_v, schedule,
+                seqlen_q_static, seqlen_k_static, cu_q, cu_k, window_left, window_right,
+                softcap_prescale, wg, tidx, state, q_state)
+
+    @cute.jit
+    def mma_tile(self, tile, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP, acc_o, softmax,
+                 carried_scale, thr_qk, sO, tma_o, mO, mLSE, pipe_q, pipe_k, pipe_v, schedule,
+                 seqlen_q_static, seqlen_k_static, cu_q, cu_k, window_left, window_right,
+                 softcap_prescale, wg, tidx, state, q_state):
+        """One tile: the key blocks, then the epilogue; returns the advanced pipeline states."""
+        m_block, head, batch, seq, mask = self._tile(tile, schedule, seqlen_q_static,
+                                                     seqlen_k_static, cu_q, cu_k, window_left,
+                                                     window_right)
+        if m_block * self.tile_m < seq.seqlen_q:  # varlen: tiles past the sequence are skipped
+            state, q_state = self.mma_tile_blocks(
+                tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP, acc_o, softmax, carried_scale,
+                thr_qk, sO, tma_o, mO, mLSE, pipe_q, pipe_k, pipe_v, m_block, head, batch, seq,
+                mask, softcap_prescale, wg, tidx, state, q_state)
+        return state, q_state
+
+    @cute.jit
+    def mma_tile_blocks(self, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP, acc_o, softmax,
+                        carried_scale, thr_qk, sO, tma_o, mO, mLSE, pipe_q, pipe_k, pipe_v,
+                        m_block, head, batch, seq, mask, softcap_prescale, wg, tidx, state,
+                        q_state):
+        """One tile inside its sequence: the key blocks, the softmax's end, the epilogue."""
+        cfg = self.config
+        acc_o.fill(0.0)
+        carried_scale.fill(1.0)
+        steps = (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP, acc_o, softmax,
+                 carried_scale, pipe_k, pipe_v, mask, thr_qk, wg * 64, softcap_prescale)
+        n_min, n_max = mask.block_range()
+        pipe_q.consumer_wait(q_state)
         state = self.first_block(steps, state, n_max - 1)
         hi = n_max - 1  # blocks [n_min, hi) remain, visited downwards
         if const_expr(cfg.local):
-            diagonal = tile.first_block_past_diagonal(n_min)
+            diagonal = mask.first_block_past_diagonal(n_min)
             for i in range(hi - diagonal):
                 state = self.block(steps, state, hi - 1 - i, True)
             hi = cutlass.min(hi, diagonal)
-            left_edge = tile.first_block_inside_left_edge(n_min)
+            left_edge = mask.first_block_inside_left_edge(n_min)
             for i in range(hi - left_edge):
                 state = self.block(steps, state, hi - 1 - i, False)
             hi = cutlass.min(hi, left_edge)
@@ -321,12 +389,16 @@ class FlashAttnFwdSm90:
         else:
             for i in range(hi - n_min):
                 state = self.block(steps, state, hi - 1 - i, False)
-        self.last_pv(steps, state)
+        if const_expr(cfg.persistent):
+            pipe_q.consumer_release(q_state)  # the next tile's Q may load now
+        q_state.advance()
+        state = self.last_pv(steps, state)
 
         inv_sum = softmax.finish()
         scale_rows(acc_o, inv_sum)
-        self.epilogue(acc_o, softmax.row_sum, tiled_mma_pv, sQ, tma_o, mO, mLSE, seq, m_block,
-                      head, batch, wg, tidx)
+        self.epilogue(acc_o, softmax.row_sum, tiled_mma_pv, sO, tma_o, mO, mLSE, seq,
+                      m_block, head, batch, wg, tidx)
+        return state, q_state
 
     @cute.jit
     def gemm(self, tiled_mma, acc, a, b, zero: cutlass.Constexpr):
@@ -408,6 +480,8 @@ class FlashAttnFwdSm90:
         self.gemm(tiled_mma_pv, acc_o, tOrP, tOrV[None, None, None, state.index], False)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(state)
+        state.advance()
+        return state
 
     def _wg(self):
         """This MMA warpgroup's index (0-based), uniform over the warp."""
@@ -420,16 +494,21 @@ class FlashAttnFwdSm90:
         return (wg + 1) % self.mma_wgs
 
     @cute.jit
-    def epilogue(self, acc_o, lse, tiled_mma_pv, sQ, tma_o, mO, mLSE, seq, m_block, head, batch,
+    def epilogue(self, acc_o, lse, tiled_mma_pv, sO, tma_o, mO, mLSE, seq, m_block, head, batch,
                  wg, tidx):
-        """O to 16 bits, through shared memory (over Q) to global memory; LSE straight out."""
+        """O to 16 bits, through shared memory (Q's buffer, or its own in a persistent CTA) to
+        global memory; LSE straight out."""
         cfg = self.config
         r_o = cute.make_rmem_tensor(acc_o.shape, self.dtype)
         convert_pairs(acc_o, r_o)
+        epilogue_barrier = int(AttentionBarrier.EPILOGUE)
+        if const_expr(cfg.persistent):
+            # The previous tile's O has left the buffer (its store warp waited for the reads).
+            cute.arch.barrier(barrier_id=epilogue_barrier, number_of_threads=self.mma_threads)
         store_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.dtype)
         tiled_store = cute.make_tiled_copy_C(store_atom, tiled_mma_pv)
         thr_store = tiled_store.get_slice(tidx % 128)
-        sO_rows = cute.local_tile(sQ, (64, self.head_dim), (wg, 0))
+        sO_rows = cute.local_tile(sO, (64, self.head_dim), (wg, 0))
         cute.copy(tiled_store, thr_store.retile(r_o), thr_store.partition_D(sO_rows))
 
         # LSE: the thread of each quad that holds column 0 writes its two rows.
@@ -445,19 +524,18 @@ class FlashAttnFwdSm90:
                         mLSE[row, head, batch] = lse[r]
 
         cute.arch.fence_view_async_shared()
-        epilogue_barrier = int(AttentionBarrier.EPILOGUE)
         cute.arch.barrier(barrier_id=epilogue_barrier, number_of_threads=self.mma_threads)
         o_rows = self._rows(mO, seq.offset_q, head, batch)
         if const_expr(not cfg.varlen):
             if tidx < 32:
                 gO = cute.local_tile(o_rows, (self.tile_m, self.head_dim), (m_block, 0))
                 tOsO, tOgO = cpasync.tma_partition(tma_o, 0, cute.make_layout(1),
-                                                   cute.group_modes(sQ, 0, 2), cute.group_modes(gO, 0, 2))
+                                                   cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2))
                 cute.copy(tma_o, tOsO, tOgO)
                 cute.arch.cp_async_bulk_commit_group()
                 cute.arch.cp_async_bulk_wait_group(0, read=True)
         else:
-            self.store_rows(sQ, o_rows, seq, m_block, tidx)
+            self.store_rows(sO, o_rows, seq, m_block, tidx)
 
     @cute.jit
     def store_rows(self, sO, o_rows, seq, m_block, tidx):

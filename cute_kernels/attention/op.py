@@ -13,6 +13,7 @@ import math
 import torch
 
 from ..runtime import DTypeError, UnsupportedError, kernel_op
+from ..runtime.arch import sm_count
 from ..runtime.compile import ScalarSpec, StreamSpec, Sym, TensorSpec, get_kernel
 from ..runtime.dtypes import dtype_name
 from ..runtime.errors import check_tensor, describe
@@ -22,6 +23,7 @@ DTYPES = (torch.bfloat16, torch.float16)
 ALIGN = 8  # elements: TMA needs every non-unit stride (and the data pointer) on 16 bytes
 L2_BYTES = 50 * 1024 * 1024  # for K and V of the (batch, head) pairs that run together
 LOG2_E = math.log2(math.e)
+INT32_MAX = 2**31 - 1
 
 
 def _qkv_spec(dtype: str, head_dim: int, varlen: bool) -> TensorSpec:
@@ -36,7 +38,7 @@ def kernel_specs(dtype: str, head_dim: int, varlen: bool) -> tuple:
     lse_rank = 2 if varlen else 3
     lse = TensorSpec("float32", (Sym(),) * lse_rank, (Sym(),) * (lse_rank - 1) + (1,), 4)
     cu = TensorSpec("int32", (Sym(),), (1,), 4) if varlen else None
-    scalars = tuple(ScalarSpec(t) for t in ("float32", "float32", "int32", "int32", "int32", "int32"))
+    scalars = tuple(ScalarSpec(t) for t in ("float32", "float32", "int32", "int32", "int32", "int32", "int32"))
     return (qkv, qkv, qkv, qkv, lse, cu, cu) + scalars + (StreamSpec(),)
 
 
@@ -104,7 +106,8 @@ def flash_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
 
     varlen = cu_seqlens_q is not None
     head_dim = q.shape[-1]
-    config = attention_fwd_config(head_dim, local=local, softcap=softcap > 0, varlen=varlen)
+    config = attention_fwd_config(head_dim, local=local, softcap=softcap > 0, varlen=varlen,
+                                  max_seqlen_k=max_seqlen_k)
     kernel = get_kernel(FlashAttnFwdSm90, config, kernel_specs(dtype_name(q.dtype), head_dim, varlen))
     if softcap > 0:
         scale_log2, prescale = softcap * LOG2_E, softmax_scale / softcap
@@ -112,8 +115,10 @@ def flash_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
         scale_log2, prescale = softmax_scale * LOG2_E, 1.0
     group = _l2_group(max_seqlen_k, head_dim, q.element_size(), local)
     q, k, v = _aligned(q), _aligned(k), _aligned(v)
+    # Persistent: one CTA per SM; otherwise one per tile (each CTA then stages O over Q).
+    ctas = sm_count(q.device.index) if config.persistent else INT32_MAX
     kernel(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale_log2, prescale, window_left,
-           window_right, max_seqlen_q, group)
+           window_right, max_seqlen_q, group, ctas)
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
