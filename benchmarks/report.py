@@ -93,15 +93,53 @@ def plot_softmax(results: dict) -> None:
         fig.savefig(ROOT / "plots" / "softmax.png", dpi=110)
 
 
-def plot_families(results: dict) -> None:
-    """One bar chart per family (other than softmax): ours and each peer, per op and shape."""
+def plot_attention(results: dict) -> None:
+    """TFLOP/s against sequence length (head dim 128, 16 heads, 16k tokens), without and with a
+    causal mask: ours and each peer."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     for gpu, data in results.items():
-        for family in sorted({r["family"] for r in data["rows"]} - {"softmax"}):
+        rows = [r for r in data["rows"] if r["family"] == "attention"]
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+        for ax, op in zip(axes, ("attn_fwd_full", "attn_fwd_causal")):
+            sweep = sorted((r for r in rows if r["op"] == op and _attention_sweep(r["shape"])),
+                           key=lambda r: int(r["shape"].split("x")[1]))
+            if not sweep:
+                continue
+            lengths = [int(r["shape"].split("x")[1]) for r in sweep]
+            ax.plot(lengths, [r["ours"] for r in sweep], "o-", label="cute-kernels", linewidth=2)
+            for peer in sorted({k for r in sweep for k in r["peers"]}):
+                ax.plot(lengths, [r["peers"].get(peer) for r in sweep], ".--", label=peer)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("sequence length (batch = 16384 / S), hdim 128, 16 heads, bf16")
+            ax.set_title(op)
+            ax.grid(alpha=0.3)
+        axes[0].set_ylabel("TFLOP/s")
+        axes[0].legend()
+        fig.suptitle(f"attention forward on {data.get('device', gpu)}")
+        fig.tight_layout()
+        (ROOT / "plots").mkdir(exist_ok=True)
+        fig.savefig(ROOT / "plots" / "attention.png", dpi=110)
+
+
+def _attention_sweep(shape: str) -> bool:
+    batch, seqlen, heads, heads_kv, dim = (int(x) for x in shape.split("x"))
+    return dim == 128 and heads == heads_kv == 16 and batch * seqlen == 16384
+
+
+def plot_families(results: dict) -> None:
+    """One bar chart per family (other than softmax and attention): ours and each peer, per op
+    and shape."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for gpu, data in results.items():
+        for family in sorted({r["family"] for r in data["rows"]} - {"softmax", "attention"}):
             rows = [r for r in data["rows"] if r["family"] == family]
             peers = sorted({k for r in rows for k in r["peers"]})
             labels = [f"{r['op']}\n{r['shape']}" for r in rows]
@@ -136,6 +174,7 @@ def main():
     start, end = text.index(MARK_BEGIN) + len(MARK_BEGIN), text.index(MARK_END)
     doc.write_text(text[:start] + "\n" + markdown(results) + text[end:])
     plot_softmax(results)
+    plot_attention(results)
     plot_families(results)
 
 
