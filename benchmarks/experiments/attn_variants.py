@@ -30,8 +30,9 @@ VARIANTS = {
                                           max_seqlen_k=1 << 20),
 }
 
-for dim, seqlen, causal in [(128, 1024, False), (128, 1024, True), (128, 2048, False), (128, 2048, True),
-                            (128, 4096, False), (128, 4096, True), (64, 1024, True), (64, 4096, False)]:
+CASES = [(128, 1024, True), (128, 2048, True), (128, 4096, True), (128, 8192, True), (64, 1024, True),
+         (64, 4096, True), (128, 4096, False)]
+for dim, seqlen, causal in CASES:
     batch = 16384 // seqlen
 
     def make():
