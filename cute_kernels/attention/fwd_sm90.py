@@ -25,8 +25,7 @@ Design:
     V fit in L2. Varlen: a (query tile, head, sequence) grid, tiles past a sequence's end exit
     at once.
   - Persistent CTAs (``config.persistent``, where shared memory holds a separate O buffer): one
-    CTA per SM walks the tiles in waves, snaking (in order in even waves, reversed in odd ones)
-    so that long and short causal tiles pair up; the MMA warpgroups release Q after their last S GEMM of a tile,
+    CTA per SM walks the tiles; the MMA warpgroups release Q after their last S GEMM of a tile,
     so the producer loads the next tile's Q and first K / V blocks under the last P V GEMM and
     the epilogue. Otherwise one CTA per tile, and O is staged over Q's buffer.
   - Epilogue: O / row sum in 16 bits, written to shared memory over Q's buffer (stmatrix), then
@@ -232,14 +231,6 @@ class FlashAttnFwdSm90:
                      pipe_v, schedule, seqlen_q_static, seqlen_k_static, mCuSeqlensQ, mCuSeqlensK,
                      window_left, window_right, scale_log2, softcap_prescale, tidx - 128)
 
-    def _snake(self, wave):
-        """This CTA's tile in the wave of tiles starting at ``wave``: CTAs take the tiles of
-        even waves in order and of odd waves in reverse, so a CTA that drew a long (causal)
-        tile draws a short one next (the order runs from the longest tiles down)."""
-        ctas, cta = cute.arch.grid_dim()[0], cute.arch.block_idx()[0]
-        odd = (wave // ctas) % 2
-        return wave + cta + odd * (ctas - 1 - 2 * cta)
-
     def _tile(self, tile, schedule, seqlen_q_static, seqlen_k_static, cu_q, cu_k, window_left,
               window_right):
         """(m_block, head, batch, sequence bounds, masks) of linear tile index ``tile``."""
@@ -264,8 +255,7 @@ class FlashAttnFwdSm90:
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.config.stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         m_blocks, heads, batches, _ = schedule
-        for wave in range(0, m_blocks * heads * batches, cute.arch.grid_dim()[0]):
-            tile = self._snake(wave)
+        for tile in range(cute.arch.block_idx()[0], m_blocks * heads * batches, cute.arch.grid_dim()[0]):
             state, q_state = self.load_tile(
                 tile, tma_q, tma_k, tma_v, mQ, mK, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v, schedule,
                 seqlen_q_static, seqlen_k_static, cu_q, cu_k, heads_kv, window_left, window_right,
@@ -276,13 +266,10 @@ class FlashAttnFwdSm90:
                   schedule, seqlen_q_static, seqlen_k_static, cu_q, cu_k, heads_kv, window_left,
                   window_right, state, q_state):
         """The loads of one tile; returns the advanced pipeline states."""
-        m_blocks, heads, batches, _ = schedule
-        tiles = m_blocks * heads * batches
-        m_block, head, batch, seq, mask = self._tile(cutlass.min(tile, tiles - 1), schedule,
-                                                     seqlen_q_static, seqlen_k_static, cu_q, cu_k,
-                                                     window_left, window_right)
-        # Past the last tile (a snake wave's end), or past a varlen sequence: nothing to do.
-        if tile < tiles and m_block * self.tile_m < seq.seqlen_q:
+        m_block, head, batch, seq, mask = self._tile(tile, schedule, seqlen_q_static,
+                                                     seqlen_k_static, cu_q, cu_k, window_left,
+                                                     window_right)
+        if m_block * self.tile_m < seq.seqlen_q:  # varlen: tiles past the sequence are skipped
             state, q_state = self.load_tile_blocks(
                 tma_q, tma_k, tma_v, mQ, mK, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v, m_block,
                 head, head // (schedule[1] // heads_kv), batch, seq, mask, state, q_state)
@@ -350,8 +337,7 @@ class FlashAttnFwdSm90:
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         m_blocks, heads, batches, _ = schedule
-        for wave in range(0, m_blocks * heads * batches, cute.arch.grid_dim()[0]):
-            tile = self._snake(wave)
+        for tile in range(cute.arch.block_idx()[0], m_blocks * heads * batches, cute.arch.grid_dim()[0]):
             state, q_state = self.mma_tile(
                 tile, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP, acc_o, softmax,
                 carried_scale, thr_qk, sO, tma_o, mO, mLSE, pipe_q, pipe_k, pipe_v, schedule,
@@ -364,13 +350,10 @@ class FlashAttnFwdSm90:
                  seqlen_q_static, seqlen_k_static, cu_q, cu_k, window_left, window_right,
                  softcap_prescale, wg, tidx, state, q_state):
         """One tile: the key blocks, then the epilogue; returns the advanced pipeline states."""
-        m_blocks, heads, batches, _ = schedule
-        tiles = m_blocks * heads * batches
-        m_block, head, batch, seq, mask = self._tile(cutlass.min(tile, tiles - 1), schedule,
-                                                     seqlen_q_static, seqlen_k_static, cu_q, cu_k,
-                                                     window_left, window_right)
-        # Past the last tile (a snake wave's end), or past a varlen sequence: nothing to do.
-        if tile < tiles and m_block * self.tile_m < seq.seqlen_q:
+        m_block, head, batch, seq, mask = self._tile(tile, schedule, seqlen_q_static,
+                                                     seqlen_k_static, cu_q, cu_k, window_left,
+                                                     window_right)
+        if m_block * self.tile_m < seq.seqlen_q:  # varlen: tiles past the sequence are skipped
             state, q_state = self.mma_tile_blocks(
                 tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP, acc_o, softmax, carried_scale,
                 thr_qk, sO, tma_o, mO, mLSE, pipe_q, pipe_k, pipe_v, m_block, head, batch, seq,
