@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Compile, on this machine (no GPU needed), the kernels the GPU test suite uses -- listed in
-# benchmarks/gpu_suite_kernels.txt, recorded on an H100 with CUTE_KERNELS_RECORD=FILE -- and
+# benchmarks/gpu_suite_kernels.txt, recorded on an H100 with CUTE_KERNELS_RECORD=FILE, plus every
+# attention configuration (compile_configurations()) -- and
 # pack them as .kcache.tar.xz (about 2 MB) to carry to a GPU machine with the bundle's first
 # part; benchmarks/gpu_session.sh unpacks it there. Kernels the list misses compile on the GPU
 # machine as usual; lines for kernels that no longer exist are skipped.
