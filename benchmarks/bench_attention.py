@@ -15,7 +15,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Results, bench_many, ceilings, make_input_sets, tflops, try_import  # noqa: E402
+from harness import (  # noqa: E402
+    Results,
+    autograd_grad,
+    bench_many,
+    ceilings,
+    make_input_sets,
+    tflops,
+    try_import,
+)
 
 import cute_kernels as ck  # noqa: E402
 
@@ -30,7 +38,7 @@ def sdpa_peer(backend):
         with sdpa_kernel(backend):
             return scaled_dot_product_attention(
                 q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal,
-                enable_gqa=q.shape[2] != k.shape[2])
+                enable_gqa=q.shape[2] != k.shape[2]).transpose(1, 2)
     return run
 
 
@@ -41,8 +49,11 @@ def peers():
              "sdpa_flash": sdpa_peer(SDPBackend.FLASH_ATTENTION)}
     fa = try_import("flash_attn.cute")
     if fa is not None:
-        found["fa_cute"] = lambda q, k, v, causal, window=None: fa.flash_attn_func(
-            q, k, v, causal=causal, **({} if window is None else {"window_size": window}))
+        def fa_cute(q, k, v, causal, window=None):
+            out = fa.flash_attn_func(q, k, v, causal=causal,
+                                     **({} if window is None else {"window_size": window}))
+            return out[0] if isinstance(out, tuple) else out
+        found["fa_cute"] = fa_cute
     return found
 
 
@@ -88,13 +99,44 @@ def run_case(results, peer_fns, batch, seqlen, heads, heads_kv, dim, causal, dty
     return row
 
 
+def run_backward(results, peer_fns, batch, seqlen, heads, heads_kv, dim, causal,
+                 dtype=torch.bfloat16):
+    """Backward through autograd (dQ, dK, dV), TFLOP/s counted as 2.5x the forward's."""
+    def make():
+        q = torch.randn(batch, seqlen, heads, dim, device="cuda", dtype=dtype)
+        k = torch.randn(batch, seqlen, heads_kv, dim, device="cuda", dtype=dtype)
+        return q, k, torch.randn_like(k), torch.randn_like(q)
+
+    size = torch.tensor([], dtype=dtype).element_size()
+    sets = make_input_sets(make, batch * seqlen * (2 * heads + 2 * heads_kv) * dim * size)
+    flops = 2.5 * 4 * batch * heads * seqlen * seqlen * dim / (2 if causal else 1)
+    cands = {"ours": autograd_grad(lambda q, k, v: ck.flash_attn(q, k, v, causal=causal))}
+    for name, fn in peer_fns.items():
+        cands[name] = autograd_grad((lambda f: lambda q, k, v: f(q, k, v, causal))(fn))
+    cands = {n: f for n, f in cands.items() if n == "ours" or usable(f, *sets[0])}
+    ms = bench_many(cands, sets)
+    rates = {k: tflops(flops, v) for k, v in ms.items()}
+    tag = "causal" if causal else "full"
+    results.add("attention", f"attn_bwd_{tag}", (batch, seqlen, heads, heads_kv, dim), dtype,
+                "TFLOPs", rates.pop("ours"), rates, ms=round(ms["ours"], 4))
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--backward", action="store_true", help="backward rows only")
     args = parser.parse_args()
     results = Results()
     results.start(ceilings())
     peer_fns = peers()
+    if args.backward:
+        for seqlen in (1024, 4096, 16384):
+            for causal in (False, True):
+                run_backward(results, peer_fns, TOKENS // seqlen, seqlen, 16, 16, 128, causal)
+        for causal in (False, True):
+            run_backward(results, peer_fns, 4, 4096, 16, 16, 64, causal)
+        results.save()
+        return
     for dim in (128, 64, 256):
         lengths = (1024, 2048, 4096, 8192, 16384) if dim == 128 else (4096,)
         for seqlen in lengths:

@@ -196,12 +196,103 @@ def test_torch_compile_with_dynamic_sequence_lengths():
         assert_attention_close(fn(q, k, v), ref, lowp_ref(q, k, v, causal=True))
 
 
+def grads(fn, q, k, v, dout):
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = fn(*leaves)
+    return torch.autograd.grad(out, leaves, dout)
+
+
+def check_backward(q, k, v, **kw):
+    dout = torch.randn(q.shape, device="cuda", dtype=q.dtype)
+    ours = grads(lambda *t: ck.flash_attn(*t, **kw), q, k, v, dout)
+    ref = grads(lambda *t: attention_ref(*t, **kw)[0], q.double(), k.double(), v.double(), dout.double())
+    lowp = grads(lambda *t: lowp_ref(*t, **kw), q, k, v, dout)
+    for name, a, r, lp in zip(("dq", "dk", "dv"), ours, ref, lowp):
+        assert a.shape == r.shape and a.dtype == q.dtype, name
+        err = (a.double() - r).abs().max().item()
+        torch_err = (lp.double() - r).abs().max().item()
+        assert err <= 2 * torch_err + 1e-3, f"{name}: error {err:.3e} vs torch's {torch_err:.3e}"
+
+
+BWD_DIMS = [64, 96, 128]
+
+
 @gpu
-def test_backward_raises_a_clear_error():
-    q, k, v = (t.requires_grad_() for t in qkv(1, 64, 64, 2, 2, 64))
-    out = ck.flash_attn(q, k, v)
+@pytest.mark.parametrize("dim", BWD_DIMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk", [(1, 1), (17, 17), (128, 128), (300, 300), (113, 203), (203, 113)])
+def test_backward_matches_float64(dim, causal, sq, sk):
+    check_backward(*qkv(2, sq, sk, 4, 2, dim), causal=causal)
+
+
+@gpu
+@pytest.mark.parametrize("hq,hkv", [(8, 8), (8, 2), (8, 1)])
+def test_backward_gqa_group_sums(hq, hkv):
+    check_backward(*qkv(2, 257, 257, hq, hkv, 128), causal=True)
+
+
+@gpu
+@pytest.mark.parametrize("window", [(32, 0), (64, 64), (-1, 16), (100, -1)])
+@pytest.mark.parametrize("sq,sk", [(300, 300), (257, 400), (400, 257)])
+def test_backward_local_windows(window, sq, sk):
+    check_backward(*qkv(1, sq, sk, 2, 2, 128), window_size=window)
+
+
+@gpu
+@pytest.mark.parametrize("dim", [64, 96])
+def test_backward_softcap(dim):
+    check_backward(*qkv(2, 300, 300, 2, 2, dim, scale=3.0), causal=True, softcap=10.0)
+
+
+@gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_long_and_fp16(causal):
+    check_backward(*qkv(1, 2048, 2048, 2, 1, 128), causal=causal)
+    check_backward(*qkv(2, 300, 257, 2, 2, 64, dtype=torch.float16), causal=causal)
+
+
+@gpu
+@pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (40, 8)}])
+def test_backward_varlen(kw):
+    lens_q, lens_k = [5, 0, 300, 128, 1, 77], [7, 3, 300, 0, 200, 77]
+    cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).int()
+    cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).int()
+    q = torch.randn(sum(lens_q), 4, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(sum(lens_k), 2, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    dout = torch.randn_like(q)
+    ours = grads(lambda *t: ck.flash_attn_varlen(*t, cu_q, cu_k, max(lens_q), max(lens_k), **kw),
+                 q, k, v, dout)
+    ref = grads(lambda *t: attention_varlen_ref(*t, cu_q, cu_k, **kw)[0], q.double(), k.double(),
+                v.double(), dout.double())
+    for name, a, r in zip(("dq", "dk", "dv"), ours, ref):
+        assert not a.isnan().any(), name
+        scale = r.abs().max().item()
+        assert (a.double() - r).abs().max().item() <= 2e-2 * scale + 1e-3, name
+
+
+@gpu
+def test_backward_gradient_buffers_poisoned_with_nan_are_fully_written():
+    from cute_kernels.attention.op import flash_attn_bwd
+
+    q, k, v = qkv(2, 200, 150, 4, 2, 128)
+    out, lse = ck.flash_attn(q, k, v, causal=True, return_lse=True)
+    dout = torch.randn_like(out)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    flash_attn_bwd(dout, q, k, v, out, lse, dq, dk, dv, None, None, 200, 150, 0.1, True, 350, 0, 0.0)
+    assert not (dq.isnan().any() or dk.isnan().any() or dv.isnan().any())
+
+
+@gpu
+def test_backward_refuses_unsupported_head_dims_before_running():
+    q, k, v = (t.requires_grad_() for t in qkv(1, 64, 64, 2, 2, 256))
     with pytest.raises(ck.UnsupportedError, match="backward"):
-        out.sum().backward()
+        ck.flash_attn(q, k, v)
+    q, k, v = (t.requires_grad_() for t in qkv(1, 64, 64, 2, 2, 128))
+    with pytest.raises(ck.UnsupportedError, match="softcap"):
+        ck.flash_attn(q, k, v, softcap=5.0)
+    with torch.no_grad():
+        assert ck.flash_attn(q, k, v, softcap=5.0).shape == q.shape
 
 
 @gpu

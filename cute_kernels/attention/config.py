@@ -90,3 +90,35 @@ def all_fwd_configs() -> list[AttentionFwdConfig]:
         for varlen in (False, True) for keys in (1024, 4096, 4097)
     }
     return sorted(found, key=lambda c: (c.head_dim, c.persistent, c.local, c.softcap, c.varlen))
+
+
+@dataclass(frozen=True)
+class AttentionBwdConfig:
+    head_dim: int
+    tile_m: int = 64  # query rows per step
+    tile_n: int = 128  # key rows per CTA: 64 per MMA warpgroup
+    stages: int = 2  # Q / dO pipeline depth
+    local: bool = False
+    softcap: bool = False
+    varlen: bool = False
+
+
+BWD_HEAD_DIMS = (64, 96, 128)
+# Softcap's backward keeps the tanh of every score next to P and dP: at head dim 128 (with the
+# dK and dV accumulators, 128 fp32 per thread) ptxas spills, so it is refused there for now.
+BWD_SOFTCAP_HEAD_DIMS = (64, 96)
+
+
+def bwd_supported(head_dim: int, softcap: bool) -> bool:
+    return head_dim in (BWD_SOFTCAP_HEAD_DIMS if softcap else BWD_HEAD_DIMS)
+
+
+def attention_bwd_config(head_dim: int, *, local: bool, softcap: bool, varlen: bool) -> AttentionBwdConfig:
+    return AttentionBwdConfig(head_dim, local=local, softcap=softcap, varlen=varlen)
+
+
+def all_bwd_configs() -> list[AttentionBwdConfig]:
+    """Every backward configuration the op can launch."""
+    return [attention_bwd_config(d, local=local, softcap=softcap, varlen=varlen)
+            for d in BWD_HEAD_DIMS for local in (False, True) for softcap in (False, True)
+            for varlen in (False, True) if bwd_supported(d, softcap)]

@@ -17,7 +17,7 @@ from ..runtime.arch import sm_count
 from ..runtime.compile import ScalarSpec, StreamSpec, Sym, TensorSpec, get_kernel
 from ..runtime.dtypes import dtype_name
 from ..runtime.errors import check_tensor, describe
-from .config import HEAD_DIMS, attention_fwd_config
+from .config import BWD_HEAD_DIMS, BWD_SOFTCAP_HEAD_DIMS, HEAD_DIMS, attention_bwd_config, attention_fwd_config, bwd_supported
 
 DTYPES = (torch.bfloat16, torch.float16)
 ALIGN = 8  # elements: TMA needs every non-unit stride (and the data pointer) on 16 bytes
@@ -42,6 +42,18 @@ def kernel_specs(dtype: str, head_dim: int, varlen: bool) -> tuple:
     return (qkv, qkv, qkv, qkv, lse, cu, cu) + scalars + (StreamSpec(),)
 
 
+def bwd_kernel_specs(dtype: str, head_dim: int, varlen: bool) -> tuple:
+    """The argument signature of the backward kernel (``FlashAttnBwdSm90.__call__``)."""
+    qkv = _qkv_spec(dtype, head_dim, varlen)
+    rank = 3 if varlen else 4
+    rows = TensorSpec("float32", (Sym(),) * (rank - 1), (Sym(),) * (rank - 2) + (1,), 4)
+    dq = TensorSpec("float32", (Sym(),) * (rank - 1) + (head_dim,),
+                    (Sym(divisibility=4),) * (rank - 1) + (1,), 16)
+    cu = TensorSpec("int32", (Sym(),), (1,), 4) if varlen else None
+    scalars = tuple(ScalarSpec(t) for t in ("float32", "float32", "float32", "int32", "int32", "int32"))
+    return (qkv, qkv, qkv, qkv, rows, rows, dq, qkv, qkv, cu, cu) + scalars + (StreamSpec(),)
+
+
 def compile_configurations(quick: bool = False) -> list:
     """(kernel class, config, specs) of every forward kernel the heuristics can launch: each
     head dim, with and without a mask, softcap and varlen, in bf16 and fp16. ``quick`` keeps
@@ -54,8 +66,16 @@ def compile_configurations(quick: bool = False) -> list:
     if quick:
         configs = [c for c in configs if c.head_dim == 128 and not c.softcap and not c.varlen]
         dtypes = ("bfloat16",)
-    return [(FlashAttnFwdSm90, cfg, kernel_specs(dtype, cfg.head_dim, cfg.varlen))
-            for cfg in configs for dtype in dtypes]
+    from .bwd_sm90 import FlashAttnBwdSm90
+    from .config import all_bwd_configs
+
+    bwd = all_bwd_configs()
+    if quick:
+        bwd = [c for c in bwd if c.head_dim == 128 and not c.softcap and not c.varlen]
+    return ([(FlashAttnFwdSm90, cfg, kernel_specs(dtype, cfg.head_dim, cfg.varlen))
+             for cfg in configs for dtype in dtypes]
+            + [(FlashAttnBwdSm90, cfg, bwd_kernel_specs(dtype, cfg.head_dim, cfg.varlen))
+               for cfg in bwd for dtype in dtypes])
 
 
 def self_checks():
@@ -121,6 +141,37 @@ def flash_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
            window_right, max_seqlen_q, group, ctas)
 
 
+@kernel_op("flash_attn_bwd", mutates_args=("dq", "dk", "dv"))
+def flash_attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   out: torch.Tensor, lse: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor,
+                   dv: torch.Tensor, cu_seqlens_q: torch.Tensor | None,
+                   cu_seqlens_k: torch.Tensor | None, max_seqlen_q: int, max_seqlen_k: int,
+                   softmax_scale: float, local: bool, window_left: int, window_right: int,
+                   softcap: float) -> None:
+    """dq, dk, dv of :func:`flash_attn_fwd` for validated inputs (its layouts and options).
+
+    D = rowsum(dO * O) and the LSE in log2 units (+inf for rows that saw no key) are prepared
+    here, the kernel adds dQ into a zeroed fp32 accumulator, which is scaled into ``dq``."""
+    from .bwd_sm90 import FlashAttnBwdSm90  # the kernel module: imported at the first compile
+
+    varlen = cu_seqlens_q is not None
+    head_dim = q.shape[-1]
+    config = attention_bwd_config(head_dim, local=local, softcap=softcap > 0, varlen=varlen)
+    kernel = get_kernel(FlashAttnBwdSm90, config, bwd_kernel_specs(dtype_name(q.dtype), head_dim, varlen))
+    if softcap > 0:
+        scale_log2, prescale = softcap * LOG2_E, softmax_scale / softcap
+    else:
+        scale_log2, prescale = softmax_scale * LOG2_E, 1.0
+    lse_log2 = torch.where(torch.isneginf(lse), torch.full_like(lse, math.inf), lse * LOG2_E)
+    dsum = (dout.float() * out.float()).sum(-1)  # (B, S, H) or (total, H)
+    dsum = dsum.transpose(0, 1) if varlen else dsum.transpose(1, 2)
+    dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    kernel(_aligned(q), _aligned(k), _aligned(v), _aligned(dout), lse_log2, dsum.contiguous(),
+           dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k, scale_log2, prescale, softmax_scale,
+           window_left, window_right, max_seqlen_k)
+    dq.copy_(dq_accum.mul_(softmax_scale))
+
+
 def _aligned(t: torch.Tensor) -> torch.Tensor:
     """``t`` itself when TMA can read it, else a view or copy that it can (the last dim is
     already unit-stride). Size-1 dims first get the stride a contiguous tensor would have:
@@ -131,7 +182,8 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
             strides[i] = strides[i + 1] * t.shape[i + 1]
     if strides != list(t.stride()):
         t = t.as_strided(t.shape, strides)
-    if any(s % ALIGN for s in strides[:-1]) or t.data_ptr() % 16:
+    if (any(s % ALIGN or (s == 0 and n > 1) for s, n in zip(strides[:-1], t.shape))
+            or t.data_ptr() % 16):
         t = torch.empty(t.shape, dtype=t.dtype, device=t.device).copy_(t)
     return t
 
@@ -188,21 +240,46 @@ def _window(causal: bool, window_size, unbounded: int) -> tuple[bool, int, int]:
     return local, (left if left >= 0 else unbounded), (right if right >= 0 else unbounded)
 
 
-def _backward_error():
-    return UnsupportedError("the backward of flash_attn / flash_attn_varlen is not available yet: "
-                            "call them without gradients (torch.no_grad() or detached inputs)")
+def _check_backward(head_dim: int, softcap: float) -> None:
+    if not bwd_supported(head_dim, softcap > 0):
+        dims = BWD_SOFTCAP_HEAD_DIMS if softcap > 0 else BWD_HEAD_DIMS
+        what = "with softcap " if softcap > 0 else ""
+        raise UnsupportedError(
+            f"the backward of flash_attn {what}supports head dims {', '.join(map(str, dims))}; got "
+            f"{head_dim} (call it without gradients: torch.no_grad() or detached inputs)")
 
 
 class _FlashAttn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, fwd):
+    def forward(ctx, q, k, v, fwd, bwd):
         out, lse = fwd(q, k, v)
         ctx.mark_non_differentiable(lse)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.bwd = bwd
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        raise _backward_error()
+        q, k, v, out, lse = ctx.saved_tensors
+        check_tensor("grad of flash_attn's output", dout, DTYPES)
+        dq, dk, dv = ctx.bwd(q, k, v, out, lse, dout.to(q.dtype))
+        return dq, dk, dv, None, None
+
+
+def _needs_grad(q, k, v) -> bool:
+    return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+
+
+def _batch_backward(q, k, v, out, lse, dout, scale, causal, window_size, softcap):
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    batch, seqlen_q, heads_q, _ = q.shape
+    seqlen_k = k.shape[1]
+    if batch == 0 or seqlen_q == 0 or seqlen_k == 0 or heads_q == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    local, left, right = _window(causal, window_size, seqlen_q + seqlen_k)
+    flash_attn_bwd(dout, q, k, v, out, lse, dq, dk, dv, None, None, seqlen_q, seqlen_k, scale,
+                   local, left, right, float(softcap))
+    return dq, dk, dv
 
 
 def _batch_forward(q, k, v, scale, causal, window_size, softcap):
@@ -245,8 +322,9 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: flo
       - head dim 64, 96, 128, 192 or 256, the same for q, k and v; fp32 accumulation
       - the head dim contiguous; other strides that are not multiples of 8 elements (or a data
         pointer not on 16 bytes) cost a copy of that tensor
-      - no backward yet: calling it with gradients enabled on inputs that require them works,
-        but backpropagating through it raises an error
+      - differentiable for head dims 64, 96 and 128 (softcap: 64 and 96); with gradients
+        required at another head dim the call raises before running. dQ is summed with atomic
+        adds, so gradients are not bit-identical from run to run (no ``deterministic`` mode yet)
     """
     _check_qkv(q, k, v, 4, "(batch, seqlen, heads, head_dim)")
     if k.shape[0] != q.shape[0]:
@@ -256,8 +334,12 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: flo
     def fwd(q, k, v):
         return _batch_forward(q, k, v, scale, causal, window_size, softcap)
 
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        out, lse = _FlashAttn.apply(q, k, v, fwd)
+    def bwd(q, k, v, out, lse, dout):
+        return _batch_backward(q, k, v, out, lse, dout, scale, causal, window_size, softcap)
+
+    if _needs_grad(q, k, v):
+        _check_backward(q.shape[-1], softcap)
+        out, lse = _FlashAttn.apply(q, k, v, fwd, bwd)
     else:
         out, lse = fwd(q, k, v)
     return (out, lse) if return_lse else out
@@ -318,8 +400,20 @@ def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        max_seqlen_k, scale, local, left, right, float(softcap))
         return out, lse
 
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
-        out, lse = _FlashAttn.apply(q, k, v, fwd)
+    def bwd(q, k, v, out, lse, dout):
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        if q.shape[0] == 0 or q.shape[1] == 0 or max_seqlen_q == 0 or cu_q.shape[0] == 1:
+            return dq.zero_(), dk.zero_(), dv.zero_()
+        if k.shape[0] == 0 or max_seqlen_k == 0:
+            return dq.zero_(), dk.zero_(), dv.zero_()
+        local, left, right = _window(causal, window_size, max_seqlen_q + max_seqlen_k)
+        flash_attn_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max_seqlen_q,
+                       max_seqlen_k, scale, local, left, right, float(softcap))
+        return dq, dk, dv
+
+    if _needs_grad(q, k, v):
+        _check_backward(q.shape[-1], softcap)
+        out, lse = _FlashAttn.apply(q, k, v, fwd, bwd)
     else:
         out, lse = fwd(q, k, v)
     return (out, lse) if return_lse else out

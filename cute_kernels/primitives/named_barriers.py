@@ -37,3 +37,18 @@ class AttentionBarrier(enum.IntEnum):
     # may issue its next GEMMs once ``MMA_TURN + w`` completes; w's predecessor arrives on it
     # after issuing its own. Ids MMA_TURN .. MMA_TURN + 2.
     MMA_TURN = 2
+
+
+class AttentionBwdBarrier(enum.IntEnum):
+    """The attention backward's (``attention/bwd_sm90.py``) barriers."""
+
+    # The shared fp32 dQ tile is free again (the reduce warp has read it): 160 threads, MMA
+    # warpgroup 0 waits, the reduce warp arrives.
+    DQ_EMPTY = 1
+    # The tile holds both warpgroups' shares: 160 threads, the reduce warp waits, MMA
+    # warpgroup 1 arrives.
+    DQ_FULL = 2
+    # Warpgroup 0's share is in the tile: 256 threads, warpgroup 1 waits.
+    DQ_HALF = 3
+    # Warpgroup w's dS is in shared memory for its dQ GEMM: 128 threads, ``DS_READY + w``.
+    DS_READY = 4
