@@ -239,7 +239,7 @@ def test_backward_local_windows(window, sq, sk):
 
 
 @gpu
-@pytest.mark.parametrize("dim", [64, 96])
+@pytest.mark.parametrize("dim", [64])
 def test_backward_softcap(dim):
     check_backward(*qkv(2, 300, 300, 2, 2, dim, scale=3.0), causal=True, softcap=10.0)
 
@@ -288,7 +288,7 @@ def test_backward_refuses_unsupported_head_dims_before_running():
     q, k, v = (t.requires_grad_() for t in qkv(1, 64, 64, 2, 2, 256))
     with pytest.raises(ck.UnsupportedError, match="backward"):
         ck.flash_attn(q, k, v)
-    q, k, v = (t.requires_grad_() for t in qkv(1, 64, 64, 2, 2, 128))
+    q, k, v = (t.requires_grad_() for t in qkv(1, 64, 64, 2, 2, 96))
     with pytest.raises(ck.UnsupportedError, match="softcap"):
         ck.flash_attn(q, k, v, softcap=5.0)
     with torch.no_grad():

@@ -27,7 +27,8 @@ int32 ``cu_seqlens``.
 
 Constraints:
   - bf16 or fp16 Q, K, V, dO, dK, dV; fp32 dQ_accum (zeroed by the caller), lse_log2 and D
-  - head dim 64, 96 or 128; tile_m 64, tile_n 128 (two MMA warpgroups of 64 keys)
+  - head dim 64, 96 or 128 (softcap: 64); tile_m 64, tile_n 128 (two MMA warpgroups of 64
+    keys)
   - strides as the forward's (head dim contiguous, the rest multiples of 16 bytes)
   - dQ is summed with atomic bulk adds: not bit-reproducible from run to run
 """
