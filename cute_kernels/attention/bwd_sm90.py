@@ -97,7 +97,6 @@ class FlashAttnBwdSm90:
         # dS (queries x keys) stored queries-contiguous: the MN-major A operand of dQ = dS K.
         self.sdS_layout = self._smem(tensor_utils.LayoutEnum.COL_MAJOR, tm, (tm, tn), (1, 0))
         self.sdQ_layout = cute.make_ordered_layout((tm, d), order=(1, 0))
-        self.dq_tiles = 2 if cfg.dq_per_warpgroup else 1
         mma = lambda b_major, n, a_source: sm90_utils.make_trivial_tiled_mma(  # noqa: E731
             self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K if a_source != "smem_mn"
             else cute.nvgpu.OperandMajorMode.MN, b_major, Float32, (1, 1, 1), tiler_mn=(64, n),
@@ -128,7 +127,7 @@ class FlashAttnBwdSm90:
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sK_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sdS_layout)], 1024]
-            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(self.sdQ_layout) * self.dq_tiles], 1024]
+            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(self.sdQ_layout)], 1024]
 
         self.storage = Storage
         heads, heads_kv = q.shape[2], k.shape[2]
@@ -174,8 +173,7 @@ class FlashAttnBwdSm90:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
-        sdQ = storage.sdQ.get_tensor(cute.make_ordered_layout(
-            (self.tile_m, self.head_dim, self.dq_tiles), order=(1, 0, 2)))  # one tile per warpgroup or one
+        sdQ = storage.sdQ.get_tensor(cute.make_ordered_layout((self.tile_m, self.head_dim), order=(1, 0)))
 
         n_block, head_kv, batch = cute.arch.block_idx()
         seq = Sequence(batch, seqlen_q_static, seqlen_k_static, mCuSeqlensQ, mCuSeqlensK)
@@ -257,25 +255,21 @@ class FlashAttnBwdSm90:
 
     @cute.jit
     def reduce_dq(self, tma_dq, mdQ, sdQ, work):
-        """Reduce warp: add each step's dQ tile(s) (shared, fp32) into the global accumulator."""
+        """Reduce warp: add each step's dQ tile (shared, fp32) into the global accumulator."""
         seq, n_block, head_kv, batch, group, m_min, m_max, steps = work
         full, empty = int(AttentionBwdBarrier.DQ_FULL), int(AttentionBwdBarrier.DQ_EMPTY)
-        for w in cutlass.range_constexpr(self.dq_tiles):  # the tiles start free
-            cute.arch.barrier_arrive(barrier_id=empty + w, number_of_threads=160)
+        cute.arch.barrier_arrive(barrier_id=empty, number_of_threads=160)  # the tile starts free
         one = cute.make_layout(1)
         for i in range(steps):
             head, m_block = self._step(work, i)
             gdQ = cute.local_tile(self._rows(mdQ, seq.offset_q, head, batch),
                                   (self.tile_m, self.head_dim), (m_block, 0))
-            for w in cutlass.range_constexpr(self.dq_tiles):
-                tsdQ, tgdQ = cpasync.tma_partition(tma_dq, 0, one, cute.group_modes(sdQ[None, None, w], 0, 2),
-                                                   cute.group_modes(gdQ, 0, 2))
-                cute.arch.barrier(barrier_id=full + w, number_of_threads=160)
-                cute.copy(tma_dq, tsdQ, tgdQ)
-                cute.arch.cp_async_bulk_commit_group()
+            tsdQ, tgdQ = cpasync.tma_partition(tma_dq, 0, one, cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2))
+            cute.arch.barrier(barrier_id=full, number_of_threads=160)
+            cute.copy(tma_dq, tsdQ, tgdQ)
+            cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
-            for w in cutlass.range_constexpr(self.dq_tiles):
-                cute.arch.barrier_arrive(barrier_id=empty + w, number_of_threads=160)
+            cute.arch.barrier_arrive(barrier_id=empty, number_of_threads=160)
         cute.arch.cp_async_bulk_wait_group(0, read=False)
 
     @cute.jit
@@ -316,8 +310,7 @@ class FlashAttnBwdSm90:
         coords = rows_cols(thr_s.partition_C(cute.make_identity_tensor((64, tm))))
         sdS_t = _transposed(sdS_w, (64, tm), (1, 0))  # (keys, queries) view of dS
         tSsdS = thr_s.partition_C(sdS_t)
-        sdQ_mine = sdQ[None, None, wg if const_expr(cfg.dq_per_warpgroup) else 0]
-        tQsdQ = [mma_dq.get_slice(tidx % 128).partition_C(cute.local_tile(sdQ_mine, (tm, dn), (0, h)))
+        tQsdQ = [mma_dq.get_slice(tidx % 128).partition_C(cute.local_tile(sdQ, (tm, dn), (0, h)))
                  for h in range(self.dq_parts)]
         key0 = n_block * self.tile_n + wg * 64
 
@@ -372,34 +365,25 @@ class FlashAttnBwdSm90:
 
     @cute.jit
     def add_dq_share(self, acc_dq, tQsdQ, wg, first: cutlass.Constexpr, last: cutlass.Constexpr):
-        """Hand one column part of this warpgroup's dQ share to the reduce warp. Own tiles: write
-        it once the reduce warp has read the previous one, release it after the last part. One
-        shared tile: warpgroup 0 writes its share (once the tile is free), warpgroup 1 adds its
-        own (the two hold the same positions) and, after the last part, releases the tile."""
-        empty, full = int(AttentionBwdBarrier.DQ_EMPTY), int(AttentionBwdBarrier.DQ_FULL)
-        if const_expr(self.config.dq_per_warpgroup):
+        """Sum the two warpgroups' dQ shares (one column part of them) in the shared fp32 tile
+        and hand it to the reduce warp: warpgroup 0 writes once the reduce warp has read the
+        previous tile, warpgroup 1 adds its share (the two hold the same positions) and, after
+        the last part, releases the tile."""
+        half = int(AttentionBwdBarrier.DQ_HALF)
+        if wg == 0:
             if const_expr(first):
-                cute.arch.barrier(barrier_id=empty + wg, number_of_threads=160)
+                cute.arch.barrier(barrier_id=int(AttentionBwdBarrier.DQ_EMPTY), number_of_threads=160)
             cute.autovec_copy(acc_dq, tQsdQ)
             if const_expr(last):
-                cute.arch.fence_view_async_shared()
-                cute.arch.barrier_arrive(barrier_id=full + wg, number_of_threads=160)
+                cute.arch.barrier_arrive(barrier_id=half, number_of_threads=256)
         else:
-            half = int(AttentionBwdBarrier.DQ_HALF)
-            if wg == 0:
-                if const_expr(first):
-                    cute.arch.barrier(barrier_id=empty, number_of_threads=160)
-                cute.autovec_copy(acc_dq, tQsdQ)
-                if const_expr(last):
-                    cute.arch.barrier_arrive(barrier_id=half, number_of_threads=256)
-            else:
-                if const_expr(first):
-                    cute.arch.barrier(barrier_id=half, number_of_threads=256)
-                for j in cutlass.range(cute.size(acc_dq), unroll_full=True):
-                    tQsdQ[j] = tQsdQ[j] + acc_dq[j]
-                if const_expr(last):
-                    cute.arch.fence_view_async_shared()
-                    cute.arch.barrier_arrive(barrier_id=full, number_of_threads=160)
+            if const_expr(first):
+                cute.arch.barrier(barrier_id=half, number_of_threads=256)
+            for j in cutlass.range(cute.size(acc_dq), unroll_full=True):
+                tQsdQ[j] = tQsdQ[j] + acc_dq[j]
+            if const_expr(last):
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier_arrive(barrier_id=int(AttentionBwdBarrier.DQ_FULL), number_of_threads=160)
 
     @cute.jit
     def on_edge(self, key0, q0, seq, window_left, window_right):

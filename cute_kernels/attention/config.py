@@ -101,10 +101,6 @@ class AttentionBwdConfig:
     local: bool = False
     softcap: bool = False
     varlen: bool = False
-    # Each MMA warpgroup adds its own dQ share to global memory (its own shared tile and
-    # reduce) instead of summing both in one tile first: no hand-off between the warpgroups,
-    # twice the reduce traffic.
-    dq_per_warpgroup: bool = False
 
 
 BWD_HEAD_DIMS = (64, 96, 128)

@@ -40,17 +40,15 @@ class AttentionBarrier(enum.IntEnum):
 
 
 class AttentionBwdBarrier(enum.IntEnum):
-    """The attention backward's (``attention/bwd_sm90.py``) barriers. With one shared dQ tile
-    only ``DQ_EMPTY`` and ``DQ_FULL`` themselves are used; with a tile per MMA warpgroup
-    (``dq_per_warpgroup``) warpgroup w uses ``DQ_EMPTY + w`` and ``DQ_FULL + w``."""
+    """The attention backward's (``attention/bwd_sm90.py``) barriers."""
 
-    # A dQ tile is free again (the reduce warp has read it): 160 threads, the MMA warpgroup that
-    # writes it first waits, the reduce warp arrives.
+    # The shared fp32 dQ tile is free again (the reduce warp has read it): 160 threads, MMA
+    # warpgroup 0 waits, the reduce warp arrives.
     DQ_EMPTY = 1
-    # A dQ tile is complete: 160 threads, the reduce warp waits, the MMA warpgroup that
-    # completes it arrives.
-    DQ_FULL = 3
-    # One shared tile: warpgroup 0's share is in it, 256 threads, warpgroup 1 waits.
-    DQ_HALF = 5
+    # The tile holds both warpgroups' shares: 160 threads, the reduce warp waits, MMA
+    # warpgroup 1 arrives.
+    DQ_FULL = 2
+    # Warpgroup 0's share is in the tile: 256 threads, warpgroup 1 waits.
+    DQ_HALF = 3
     # Warpgroup w's dS is in shared memory for its dQ GEMM: 128 threads, ``DS_READY + w``.
-    DS_READY = 6
+    DS_READY = 4
