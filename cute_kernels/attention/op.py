@@ -163,7 +163,7 @@ def flash_attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     else:
         scale_log2, prescale = softmax_scale * LOG2_E, 1.0
     lse_log2 = torch.where(torch.isneginf(lse), torch.full_like(lse, math.inf), lse * LOG2_E)
-    dsum = (dout.float() * out.float()).sum(-1)  # (B, S, H) or (total, H)
+    dsum = dout.float().mul_(out).sum(-1)  # (B, S, H) or (total, H)
     dsum = dsum.transpose(0, 1) if varlen else dsum.transpose(1, 2)
     dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     kernel(_aligned(q), _aligned(k), _aligned(v), _aligned(dout), lse_log2, dsum.contiguous(),
