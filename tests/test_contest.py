@@ -1,0 +1,172 @@
+"""The contest harness on the CPU: task files, case files, the output protocol, scoring, and
+submissions that are right, wrong, broken, crashing or hanging."""
+
+import math
+import textwrap
+
+import pytest
+
+from cute_kernels.contest import harness
+from cute_kernels.contest.taskfile import TaskFileError, format_case, parse_case, parse_task, read_task
+
+TASK = """\
+# A problem in the public format.
+files:
+  - {"name": "submission.py", "source": "@SUBMISSION@"}
+  - {"name": "task.py", "source": "task.py"}
+  - {"name": "reference.py", "source": "reference.py"}
+  - {"name": "eval.py", "source": "../eval.py"}
+description: |
+  Double a vector.
+
+  Input: a float32 tensor.
+tests:
+  - {"size": 7, "seed": 1}
+  - {"size": 128, "seed": 2}
+  - size: 1000
+    seed: 3
+benchmarks:
+  - {"size": 4096, "seed": 10}
+  - {"size": 65536, "seed": 11}
+ranking_by: "geom"
+"""
+
+REFERENCE = """\
+import torch
+
+def generate_input(size, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(size, generator=g)
+
+def ref_kernel(data):
+    return data * 2
+
+def check_implementation(data, out):
+    ref = ref_kernel(data)
+    if out.shape != ref.shape:
+        return False, f"shape {tuple(out.shape)} != {tuple(ref.shape)}"
+    if not torch.allclose(out, ref, rtol=1e-5, atol=1e-8):
+        return False, f"max error {(out - ref).abs().max().item():.3e}"
+    return True, ""
+"""
+
+SUBMISSIONS = {
+    "good": "def custom_kernel(data):\n    return data * 2\n",
+    "wrong": "def custom_kernel(data):\n    return data * 3\n",
+    "broken": ("def custom_kernel(data):\n"
+               "    raise RuntimeError('line one\\nline two: with a colon')\n"),
+    "wrong_shape": "def custom_kernel(data):\n    return data[:1] * 2\n",
+    "crash": ("import os\n"
+              "def custom_kernel(data):\n"
+              "    if data.numel() == 128:\n"
+              "        os._exit(3)\n"
+              "    return data * 2\n"),
+    "hang": ("import time\n"
+             "def custom_kernel(data):\n"
+             "    if data.numel() == 128:\n"
+             "        time.sleep(600)\n"
+             "    return data * 2\n"),
+}
+
+
+@pytest.fixture(scope="module")
+def problem(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("double")
+    (folder / "task.yml").write_text(TASK)
+    (folder / "task.py").write_text("import torch\ninput_t = torch.Tensor\noutput_t = torch.Tensor\n")
+    (folder / "reference.py").write_text(REFERENCE)
+    for name, text in SUBMISSIONS.items():
+        (folder / f"{name}.py").write_text(text)
+    (folder / "submission.py").write_text(SUBMISSIONS["good"])
+    return folder
+
+
+def test_task_file_subset():
+    task = parse_task(TASK)
+    assert task["tests"][2] == {"size": 1000, "seed": 3}
+    assert task["description"].startswith("Double a vector.\n\nInput")
+    assert task["files"][0] == {"name": "submission.py", "source": "@SUBMISSION@"}
+    assert task["ranking_by"] == "geom"
+    with pytest.raises(TaskFileError, match="task.yml:2"):
+        parse_task("tests:\n  just text\n  - {a: 1}\n")
+
+
+def test_case_lines_round_trip():
+    case = {"size": 4096, "seed": 10, "dtype": "bfloat16", "scale": 0.5, "causal": True}
+    assert parse_case(format_case(case)) == case
+    with pytest.raises(TaskFileError):
+        format_case({"name": "a;b"})
+    with pytest.raises(TaskFileError):
+        parse_case("size 12; seed: 1")
+
+
+def test_output_lines_parse_even_when_cut_short():
+    text = "test-count: 3\ntest.0.spec: size: 7\ntest.0.status: pass\ntest.1.spec: size: 8\n"
+    cases, check = harness.parse_output(text, "test")
+    assert [c.ok for c in cases] == [True, False, False] and check == "missing"
+    assert cases[2].error == "no result"
+
+
+def test_score_by_ranking():
+    run = harness.RunResult("benchmark", None, 0, [
+        harness.CaseResult("a", True, mean_ns=1e3), harness.CaseResult("b", True, mean_ns=4e3)], "pass")
+    assert run.score("last") == pytest.approx(4e-6)
+    assert run.score("geom") == pytest.approx(math.sqrt(4) * 1e-6)
+    assert run.score("mean") == pytest.approx(2.5e-6)
+
+
+def _test_run(problem, name, **kw):
+    (result,) = harness.run(problem, "test", problem / f"{name}.py", **kw)
+    return result
+
+
+def test_a_right_submission_passes(problem):
+    result = _test_run(problem, "good")
+    assert result.passed and result.exit_code == 0 and result.check == "pass"
+    assert [c.spec for c in result.cases] == [format_case(c) for c in read_task(problem)["tests"]]
+
+
+def test_a_wrong_answer_is_caught(problem):
+    result = _test_run(problem, "wrong")
+    assert not result.passed and result.exit_code == 112 and result.check == "fail"
+    assert all(not c.ok and "max error" in c.error for c in result.cases)
+    shape = _test_run(problem, "wrong_shape")
+    assert all("shape" in c.error for c in shape.cases)
+
+
+def test_an_exception_with_a_multi_line_message_keeps_the_format(problem):
+    result = _test_run(problem, "broken")
+    assert result.check == "fail" and len(result.cases) == 3
+    assert all(c.error.startswith("RuntimeError: line one | line two: with a colon") for c in result.cases)
+
+
+def test_a_crashing_worker_fails_its_case_only(problem):
+    result = _test_run(problem, "crash")
+    assert [c.ok for c in result.cases] == [True, False, True]
+    assert "worker" in result.cases[1].error and result.check == "fail"
+
+
+def test_a_hanging_submission_times_out(problem):
+    result = _test_run(problem, "hang", case_timeout=10)
+    assert [c.ok for c in result.cases] == [True, False, True]
+    assert "timed out" in result.cases[1].error
+
+
+def test_benchmark_and_leaderboard_modes(problem):
+    (bench,) = harness.run(problem, "benchmark")
+    assert bench.passed and all(c.mean_ns > 0 and c.stats["runs"] >= 3 for c in bench.cases)
+    runs = harness.run(problem, "leaderboard", secret_seed=12345)
+    assert [r.mode for r in runs] == ["test", "benchmark", "leaderboard"] * 2
+    assert [r.seed for r in runs] == [None] * 3 + [12345] * 3
+    summary = harness.report(runs, "geom")
+    assert summary["passed"] and summary["score_s"] > 0
+    # A failing submission stops at its first failing step.
+    runs = harness.run(problem, "leaderboard", problem / "wrong.py")
+    assert [r.mode for r in runs] == ["test"] and not harness.report(runs, "geom")["passed"]
+
+
+def test_cli_writes_a_table_and_json(problem, tmp_path, capsys):
+    out = tmp_path / "result.json"
+    code = harness.main(["test", str(problem), "--submission", str(problem / "wrong.py"), "--json", str(out)])
+    assert code == 1 and "FAIL" in capsys.readouterr().out
+    assert '"passed": false' in out.read_text()
