@@ -170,3 +170,26 @@ def test_cli_writes_a_table_and_json(problem, tmp_path, capsys):
     code = harness.main(["test", str(problem), "--submission", str(problem / "wrong.py"), "--json", str(out)])
     assert code == 1 and "FAIL" in capsys.readouterr().out
     assert '"passed": false' in out.read_text()
+
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+PROBLEMS = sorted(p.parent for p in ROOT.glob("*/*/task.yml"))
+
+
+def test_the_problem_folders_are_complete():
+    assert {p.parent.name for p in PROBLEMS} >= {"gemm", "attention"}
+    for folder in PROBLEMS:
+        task = read_task(folder)
+        assert task["tests"] and task["benchmarks"], folder
+        for name in ("task.py", "reference.py", "submission.py", "baseline.py"):
+            source = (folder / name).read_text()
+            compile(source, str(folder / name), "exec")
+        submission = (folder / "submission.py").read_text()
+        assert "import cute_kernels" in submission and "def custom_kernel" in submission, folder
+        assert "def custom_kernel" in (folder / "baseline.py").read_text(), folder
+        reference = (folder / "reference.py").read_text()
+        for fn in ("generate_input", "ref_kernel", "check_implementation"):
+            assert f"def {fn}" in reference, (folder, fn)
+        for case in task["tests"] + task["benchmarks"]:
+            assert "seed" in case, (folder, case)
+            assert parse_case(format_case(case)) == case
