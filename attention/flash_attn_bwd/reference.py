@@ -1,0 +1,51 @@
+"""Reference: the gradients of attention computed by autograd in float32. Correct when each
+gradient is within atol 2e-2 * max|ref| + rtol 5e-2 of it (bf16 inputs and outputs, bf16
+probabilities inside the kernel)."""
+
+import math
+
+import torch
+
+from task import input_t, output_t
+
+
+def generate_input(batch, seqlen, heads, heads_kv, dim, causal, seed) -> input_t:
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    shape_q, shape_kv = (batch, seqlen, heads, dim), (batch, seqlen, heads_kv, dim)
+    q = torch.randn(shape_q, device="cuda", dtype=torch.bfloat16, generator=g)
+    k = torch.randn(shape_kv, device="cuda", dtype=torch.bfloat16, generator=g)
+    v = torch.randn(shape_kv, device="cuda", dtype=torch.bfloat16, generator=g)
+    dout = torch.randn(shape_q, device="cuda", dtype=torch.bfloat16, generator=g)
+    return q, k, v, dout, int(causal)
+
+
+def _attention(q, k, v, causal):
+    group = q.shape[2] // k.shape[2]
+    k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
+    scores = torch.einsum("bihd,bjhd->bhij", q, k) / math.sqrt(q.shape[-1])
+    if causal:
+        n = q.shape[1]
+        allowed = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    return torch.einsum("bhij,bjhd->bihd", torch.softmax(scores, dim=-1), v)
+
+
+def ref_kernel(data: input_t) -> output_t:
+    q, k, v, dout, causal = data
+    leaves = [t.float().requires_grad_() for t in (q, k, v)]
+    grads = torch.autograd.grad(_attention(*leaves, causal), leaves, dout.float())
+    return tuple(g.to(torch.bfloat16) for g in grads)
+
+
+def check_implementation(data: input_t, output: output_t):
+    expected = ref_kernel(data)
+    if not isinstance(output, (tuple, list)) or len(output) != 3:
+        return False, "expected a tuple (dq, dk, dv)"
+    for name, got, ref in zip(("dq", "dk", "dv"), output, expected):
+        if not isinstance(got, torch.Tensor) or got.shape != ref.shape or got.dtype != ref.dtype:
+            return False, f"{name}: expected {tuple(ref.shape)} {ref.dtype}"
+        diff = (got.float() - ref.float()).abs()
+        bound = 2e-2 * ref.float().abs().max() + 5e-2 * ref.float().abs()
+        if not (diff <= bound).all():
+            return False, f"{name}: max error {diff.max().item():.3e} (max |ref| {ref.float().abs().max().item():.3e})"
+    return True, ""
