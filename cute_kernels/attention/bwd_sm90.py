@@ -47,7 +47,7 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from ..primitives.named_barriers import AttentionBwdBarrier
 from .config import AttentionBwdConfig
-from .fragments import as_operand_a, convert_pairs, rows_cols
+from .fragments import as_operand_a, convert_pairs, rows_cols, warpgroup_gemm
 from .mask import Sequence
 
 PRODUCER_REGISTERS, MMA_REGISTERS = 24, 240
@@ -323,8 +323,8 @@ class FlashAttnBwdSm90:
             pipe_qdo.consumer_wait(state)
             acc_s = cute.make_rmem_tensor(s_ops.partition_shape_C((64, tm)), Float32)
             acc_dp = cute.make_rmem_tensor(s_ops.partition_shape_C((64, tm)), Float32)
-            self.gemm(mma_s, acc_s, tSrK, tSrQ[None, None, None, state.index], True)
-            self.gemm(mma_s, acc_dp, tPrV, tPrdO[None, None, None, state.index], True)
+            warpgroup_gemm(mma_s, acc_s, tSrK, tSrQ[None, None, None, state.index], True)
+            warpgroup_gemm(mma_s, acc_dp, tPrV, tPrdO[None, None, None, state.index], True)
             warpgroup.wait_group(0)
             # P^T and dS^T in place of S^T and dP^T, one pass; blocks on an edge also mask.
             mask = self.on_edge(key0, q0, seq, window_left, window_right)
@@ -336,16 +336,16 @@ class FlashAttnBwdSm90:
                 self.probabilities(acc_s, acc_dp, coords, rows, scale_log2, softcap_prescale,
                                    key0, q0, seq, window_left, window_right, False)
             convert_pairs(as_operand_a(acc_s), tVrP)
-            self.gemm(mma_kv, acc_dv, tVrP, tVrdO[None, None, None, state.index], False)
+            warpgroup_gemm(mma_kv, acc_dv, tVrP, tVrdO[None, None, None, state.index], False)
             convert_pairs(as_operand_a(acc_dp), tKrdS)
-            self.gemm(mma_kv, acc_dk, tKrdS, tKrQ[None, None, None, state.index], False)
+            warpgroup_gemm(mma_kv, acc_dk, tKrdS, tKrQ[None, None, None, state.index], False)
             # dS^T to shared memory (this warpgroup's keys), then its share of dQ = dS K.
             cute.autovec_copy(tKrdS, as_operand_a(tSsdS))
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=int(AttentionBwdBarrier.DS_READY) + wg, number_of_threads=128)
             for h in cutlass.range_constexpr(self.dq_parts):
                 acc_dq = cute.make_rmem_tensor(dq_ops.partition_shape_C((tm, dn)), Float32)
-                self.gemm(mma_dq, acc_dq, tQrdS, tQrK[h], True)
+                warpgroup_gemm(mma_dq, acc_dq, tQrdS, tQrK[h], True)
                 warpgroup.wait_group(0)
                 if const_expr(h == 0):
                     pipe_qdo.consumer_release(state)
@@ -431,17 +431,6 @@ class FlashAttnBwdSm90:
                     ds = ds * (Float32(1.0) - capped * capped)  # the unmasked tanh: finite
                 s[r, c] = p
                 dp[r, c] = ds
-
-    @cute.jit
-    def gemm(self, tiled_mma, acc, a, b, zero: cutlass.Constexpr):
-        """Issue one warpgroup GEMM and commit it as one group."""
-        warpgroup.fence()
-        atom = cute.make_mma_atom(tiled_mma.op)
-        atom.set(warpgroup.Field.ACCUMULATE, not zero)
-        for k in cutlass.range_constexpr(cute.size(a, mode=[2])):
-            cute.gemm(atom, acc, a[None, None, k], b[None, None, k], acc)
-            atom.set(warpgroup.Field.ACCUMULATE, True)
-        warpgroup.commit_group()
 
     @cute.jit
     def store_kv(self, mma_kv, acc, mOut, seq, n_block, head_kv, batch, wg, tidx):

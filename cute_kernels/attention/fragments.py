@@ -1,4 +1,5 @@
-"""Views and conversions of wgmma register fragments (device code, no torch).
+"""Views and conversions of wgmma register fragments, and the warpgroup GEMM issue (device
+code, no torch).
 
 A Hopper wgmma accumulator of one warpgroup's 64 x N tile holds, per thread, values of shape
 ``((2, 2, N / 8), MMA_M, MMA_N)``: a pair of adjacent columns, two rows 8 apart, one pair per
@@ -12,6 +13,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 from cutlass._mlir.dialects import llvm
+from cutlass.cute.nvgpu import warpgroup
 from cutlass.cutlass_dsl import T, dsl_user_op
 
 
@@ -65,3 +67,17 @@ def convert_pairs(src: cute.Tensor, dst: cute.Tensor):
     to_bf16 = cutlass.const_expr(dst.element_type is cutlass.BFloat16)
     for i in cutlass.range(cute.size(packed), unroll_full=True):
         packed[i] = _pack_half2(src[2 * i], src[2 * i + 1], to_bf16)
+
+
+@cute.jit
+def warpgroup_gemm(tiled_mma, acc: cute.Tensor, a: cute.Tensor, b: cute.Tensor, zero: cutlass.Constexpr):
+    """Issue one warpgroup GEMM (the k-blocks of ``a`` and ``b``) into ``acc`` and commit it as
+    one wgmma group; ``zero`` overwrites ``acc`` instead of adding to it. The caller waits."""
+    warpgroup.fence()
+    # A fresh atom: setting ACCUMULATE on a shared one inside dynamic control flow fails.
+    atom = cute.make_mma_atom(tiled_mma.op)
+    atom.set(warpgroup.Field.ACCUMULATE, not zero)
+    for k in cutlass.range_constexpr(cute.size(a, mode=[2])):
+        cute.gemm(atom, acc, a[None, None, k], b[None, None, k], acc)
+        atom.set(warpgroup.Field.ACCUMULATE, True)
+    warpgroup.commit_group()

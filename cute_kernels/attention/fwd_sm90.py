@@ -62,7 +62,7 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from ..primitives.named_barriers import AttentionBarrier
 from .config import AttentionFwdConfig
-from .fragments import as_operand_a, convert_pairs, rows_cols
+from .fragments import as_operand_a, convert_pairs, rows_cols, warpgroup_gemm
 from .mask import Sequence, TileMask
 from .softmax import OnlineSoftmax, scale_rows
 
@@ -401,17 +401,6 @@ class FlashAttnFwdSm90:
         return state, q_state
 
     @cute.jit
-    def gemm(self, tiled_mma, acc, a, b, zero: cutlass.Constexpr):
-        """Issue one warpgroup GEMM (k-blocks of a and b) and commit it as one group."""
-        warpgroup.fence()
-        atom = cute.make_mma_atom(tiled_mma.op)
-        atom.set(warpgroup.Field.ACCUMULATE, not zero)
-        for k in cutlass.range_constexpr(cute.size(a, mode=[2])):
-            cute.gemm(atom, acc, a[None, None, k], b[None, None, k], acc)
-            atom.set(warpgroup.Field.ACCUMULATE, True)
-        warpgroup.commit_group()
-
-    @cute.jit
     def scores(self, steps, acc_s, n_block, mask: cutlass.Constexpr, check_seqlen: cutlass.Constexpr):
         """Softcap and masks on a finished S block."""
         tile, thr_qk, row_offset, softcap_prescale = steps[11], steps[12], steps[13], steps[14]
@@ -428,7 +417,7 @@ class FlashAttnFwdSm90:
         pipe_k = steps[9]
         acc_s = cute.make_rmem_tensor(tiled_mma_qk.get_slice(0).partition_shape_C((64, self.tile_n)), Float32)
         pipe_k.consumer_wait(state)
-        self.gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, state.index], True)
+        warpgroup_gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, state.index], True)
         warpgroup.wait_group(0)
         pipe_k.consumer_release(state)
         self.scores(steps, acc_s, n_block, self.config.local, True)
@@ -448,11 +437,11 @@ class FlashAttnFwdSm90:
         if const_expr(self.pingpong):
             cute.arch.barrier(barrier_id=int(AttentionBarrier.MMA_TURN) + self._wg(),
                               number_of_threads=256)
-        self.gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, state.index], True)
+        warpgroup_gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, state.index], True)
         if const_expr(self.rescale_early):
             scale_rows(acc_o, carried_scale)
         pipe_v.consumer_wait(v_state)
-        self.gemm(tiled_mma_pv, acc_o, tOrP, tOrV[None, None, None, v_state.index], False)
+        warpgroup_gemm(tiled_mma_pv, acc_o, tOrP, tOrV[None, None, None, v_state.index], False)
         if const_expr(self.pingpong):
             cute.arch.barrier_arrive(barrier_id=int(AttentionBarrier.MMA_TURN) + self._next_wg(),
                                      number_of_threads=256)
@@ -477,7 +466,7 @@ class FlashAttnFwdSm90:
         if const_expr(self.rescale_early):
             scale_rows(acc_o, carried_scale)
         pipe_v.consumer_wait(state)
-        self.gemm(tiled_mma_pv, acc_o, tOrP, tOrV[None, None, None, state.index], False)
+        warpgroup_gemm(tiled_mma_pv, acc_o, tOrP, tOrV[None, None, None, state.index], False)
         warpgroup.wait_group(0)
         pipe_v.consumer_release(state)
         state.advance()
