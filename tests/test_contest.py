@@ -193,3 +193,55 @@ def test_the_problem_folders_are_complete():
         for case in task["tests"] + task["benchmarks"]:
             assert "seed" in case, (folder, case)
             assert parse_case(format_case(case)) == case
+
+
+def _import_bundle(folder, tmp_path, code="import submission"):
+    """Run ``code`` in a fresh interpreter, in a folder holding the bundle as submission.py
+    and the problem's task.py, with cute_kernels made unimportable."""
+    import subprocess
+    import sys
+
+    from cute_kernels.contest.bundle import bundle
+
+    run_dir = tmp_path / folder.name
+    run_dir.mkdir()
+    bundle(folder / "submission.py", run_dir / "submission.py")
+    (run_dir / "task.py").write_text((folder / "task.py").read_text())
+    script = "import sys; sys.modules['cute_kernels'] = None\n" + code
+    env = dict(__import__("os").environ, CUTE_KERNELS_ARCH="sm_90a", PYTHONPATH="")
+    proc = subprocess.run([sys.executable, "-c", script], cwd=run_dir, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return run_dir, proc.stdout
+
+
+@pytest.mark.parametrize("folder", PROBLEMS, ids=[f"{p.parent.name}/{p.name}" for p in PROBLEMS])
+def test_every_bundle_imports_without_cute_kernels(folder, tmp_path):
+    run_dir, out = _import_bundle(folder, tmp_path, "import submission\nprint(submission.custom_kernel)")
+    text = (run_dir / "submission.py").read_text()
+    directives = [line for line in (folder / "submission.py").read_text().splitlines()
+                  if line.startswith("#!POPCORN")]
+    assert text.splitlines()[:len(directives)] == directives
+    imports = [n for n in __import__("ast").walk(__import__("ast").parse(text))
+               if type(n).__name__ in ("Import", "ImportFrom")]
+    names = [a.name for n in imports for a in n.names] + [getattr(n, "module", None) or "" for n in imports]
+    assert not any(name.split(".")[0] == "cute_kernels" for name in names)
+    assert "<function custom_kernel" in out
+
+
+@pytest.mark.compile
+def test_a_bundle_compiles_its_kernels_from_its_own_source(tmp_path):
+    # The DSL re-reads each jit function's source: it must find it in the flattened file.
+    folder = ROOT / "attention" / "flash_attn_fwd"
+    code = textwrap.dedent("""\
+        import submission as s
+        cfg = s.cute_kernels_attention_config__attention_fwd_config(
+            128, local=True, softcap=False, varlen=False, max_seqlen_k=1024)
+        specs = s.cute_kernels_attention_op__kernel_specs("bfloat16", 128, False)
+        report = s.cute_kernels_runtime_compile__inspect_kernel(
+            s.cute_kernels_attention_fwd_sm90__FlashAttnFwdSm90, cfg, specs, arch="sm_90a")
+        assert report.has("wgmma.mma_async") and not report.local_memory, report.summary()
+        print("compiled")
+    """)
+    _, out = _import_bundle(folder, tmp_path, code)
+    assert "compiled" in out

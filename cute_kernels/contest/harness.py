@@ -216,8 +216,12 @@ def table(runs: list, ranking_by: str) -> str:
 def main(argv=None) -> int:
     import argparse
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "bundle":
+        return bundle_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m cute_kernels.contest",
-                                     description="Run a contest problem folder as the leaderboards do.")
+                                     description="Run a contest problem folder as the leaderboards do "
+                                                 "(or 'bundle PROBLEM_DIR -o FILE').")
     parser.add_argument("mode", choices=MODES)
     parser.add_argument("problem", type=Path)
     parser.add_argument("--submission", type=Path, help="default: PROBLEM/submission.py")
@@ -236,3 +240,23 @@ def main(argv=None) -> int:
     if args.json:
         args.json.write_text(json.dumps(report(runs, task["ranking_by"]), indent=1) + "\n")
     return 0 if all(r.passed for r in runs) else 1
+
+
+def bundle_main(argv) -> int:
+    """``bundle PROBLEM_DIR [--submission FILE] -o OUT``: one standalone submission file."""
+    import argparse
+
+    from .bundle import BundleError, bundle
+
+    parser = argparse.ArgumentParser(prog="python -m cute_kernels.contest bundle")
+    parser.add_argument("problem", type=Path)
+    parser.add_argument("--submission", type=Path, help="default: PROBLEM/submission.py")
+    parser.add_argument("-o", "--output", type=Path, required=True)
+    args = parser.parse_args(argv)
+    try:
+        bundle(args.submission or args.problem / "submission.py", args.output)
+    except (OSError, SyntaxError, BundleError) as exc:
+        print(f"cannot bundle: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.output}")
+    return 0
