@@ -270,6 +270,17 @@ def _needs_grad(q, k, v) -> bool:
     return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
 
+def _attend(q, k, v, fwd, bwd, softcap, return_lse):
+    """``fwd(q, k, v)``, through the autograd Function (with ``bwd``) when a gradient is needed
+    (refused before running where the backward does not exist)."""
+    if _needs_grad(q, k, v):
+        _check_backward(q.shape[-1], softcap)
+        out, lse = _FlashAttn.apply(q, k, v, fwd, bwd)
+    else:
+        out, lse = fwd(q, k, v)
+    return (out, lse) if return_lse else out
+
+
 def _batch_backward(q, k, v, out, lse, dout, scale, causal, window_size, softcap):
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     batch, seqlen_q, heads_q, _ = q.shape
@@ -337,15 +348,10 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: flo
     def bwd(q, k, v, out, lse, dout):
         return _batch_backward(q, k, v, out, lse, dout, scale, causal, window_size, softcap)
 
-    if _needs_grad(q, k, v):
-        _check_backward(q.shape[-1], softcap)
-        out, lse = _FlashAttn.apply(q, k, v, fwd, bwd)
-    else:
-        out, lse = fwd(q, k, v)
-    return (out, lse) if return_lse else out
+    return _attend(q, k, v, fwd, bwd, softcap, return_lse)
 
 
-def _check_cu_seqlens(name: str, cu: torch.Tensor, device, total: int, batch: int | None):
+def _check_cu_seqlens(name: str, cu: torch.Tensor, device, batch: int | None):
     if not isinstance(cu, torch.Tensor):
         raise UnsupportedError(f"{name} must be a torch.Tensor of int32 offsets, got {describe(cu)}")
     if cu.dtype != torch.int32:
@@ -381,8 +387,8 @@ def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     on, so they are not checked against the tensors' lengths.
     """
     _check_qkv(q, k, v, 3, "(total_tokens, heads, head_dim)")
-    cu_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device, q.shape[0], None)
-    cu_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device, k.shape[0], cu_q.shape[0] - 1)
+    cu_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device, None)
+    cu_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device, cu_q.shape[0] - 1)
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if not isinstance(value, int) or value < 0:
             raise UnsupportedError(f"{name}={value!r}: expected an int >= 0")
@@ -402,18 +408,12 @@ def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
     def bwd(q, k, v, out, lse, dout):
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-        if q.shape[0] == 0 or q.shape[1] == 0 or max_seqlen_q == 0 or cu_q.shape[0] == 1:
-            return dq.zero_(), dk.zero_(), dv.zero_()
-        if k.shape[0] == 0 or max_seqlen_k == 0:
+        if (q.shape[0] == 0 or q.shape[1] == 0 or max_seqlen_q == 0 or cu_q.shape[0] == 1
+                or k.shape[0] == 0 or max_seqlen_k == 0):
             return dq.zero_(), dk.zero_(), dv.zero_()
         local, left, right = _window(causal, window_size, max_seqlen_q + max_seqlen_k)
         flash_attn_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max_seqlen_q,
                        max_seqlen_k, scale, local, left, right, float(softcap))
         return dq, dk, dv
 
-    if _needs_grad(q, k, v):
-        _check_backward(q.shape[-1], softcap)
-        out, lse = _FlashAttn.apply(q, k, v, fwd, bwd)
-    else:
-        out, lse = fwd(q, k, v)
-    return (out, lse) if return_lse else out
+    return _attend(q, k, v, fwd, bwd, softcap, return_lse)
