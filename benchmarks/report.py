@@ -60,69 +60,55 @@ def markdown(results: dict) -> str:
     return "\n".join(out)
 
 
-def plot_softmax(results: dict) -> None:
+def _sweep_plots(data: dict, gpu: str, ops: tuple, selected, x_of, xlabel: str, ylabel: str,
+                 title: str, filename: str, ceiling: tuple | None = None) -> None:
+    """One panel per op: ours and each peer against ``x_of(row)`` over the ``selected`` rows."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    fig, axes = plt.subplots(1, len(ops), figsize=(12, 4.5), sharey=True)
+    for ax, op in zip(axes, ops):
+        sweep = sorted((r for r in data["rows"] if r["op"] == op and selected(r)), key=x_of)
+        if not sweep:
+            continue
+        xs = [x_of(r) for r in sweep]
+        ax.plot(xs, [r["ours"] for r in sweep], "o-", label="cute-kernels", linewidth=2)
+        for peer in sorted({k for r in sweep for k in r["peers"]}):
+            ax.plot(xs, [r["peers"].get(peer) for r in sweep], ".--", label=peer)
+        if ceiling is not None:
+            ax.axhline(ceiling[0], color="gray", linestyle=":", label=ceiling[1])
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel(xlabel)
+        ax.set_title(op)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(ylabel)
+    axes[0].legend()
+    fig.suptitle(f"{title} on {data.get('device', gpu)}")
+    fig.tight_layout()
+    (ROOT / "plots").mkdir(exist_ok=True)
+    fig.savefig(ROOT / "plots" / filename, dpi=110)
+
+
+def plot_softmax(results: dict) -> None:
+    """GB/s against row length at 2^27 elements, forward and backward."""
     for gpu, data in results.items():
-        rows = [r for r in data["rows"] if r["family"] == "softmax"]
-        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
-        for ax, op in zip(axes, ("softmax_fwd", "softmax_bwd")):
-            sweep = sorted(
-                (r for r in rows if r["op"] == op and _elements(r["shape"]) == 1 << 27),
-                key=lambda r: _n(r["shape"]),
-            )
-            if not sweep:
-                continue
-            ns = [_n(r["shape"]) for r in sweep]
-            ax.plot(ns, [r["ours"] for r in sweep], "o-", label="cute-kernels", linewidth=2)
-            for peer in sorted({k for r in sweep for k in r["peers"]}):
-                ax.plot(ns, [r["peers"].get(peer) for r in sweep], ".--", label=peer)
-            ax.axhline(data["ceilings"]["copy_GBps"], color="gray", linestyle=":", label="device copy")
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("N (M = 2^27 / N), bf16")
-            ax.set_title(op)
-            ax.grid(alpha=0.3)
-        axes[0].set_ylabel("GB/s (read + written)")
-        axes[0].legend()
-        fig.suptitle(f"softmax on {data.get('device', gpu)}")
-        fig.tight_layout()
-        (ROOT / "plots").mkdir(exist_ok=True)
-        fig.savefig(ROOT / "plots" / "softmax.png", dpi=110)
+        _sweep_plots(data, gpu, ("softmax_fwd", "softmax_bwd"),
+                     lambda r: r["family"] == "softmax" and _elements(r["shape"]) == 1 << 27,
+                     lambda r: _n(r["shape"]), "N (M = 2^27 / N), bf16", "GB/s (read + written)",
+                     "softmax", "softmax.png", (data["ceilings"]["copy_GBps"], "device copy"))
 
 
 def plot_attention(results: dict) -> None:
     """TFLOP/s against sequence length (head dim 128, 16 heads, 16k tokens), without and with a
     causal mask: ours and each peer."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     for gpu, data in results.items():
-        rows = [r for r in data["rows"] if r["family"] == "attention"]
-        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
-        for ax, op in zip(axes, ("attn_fwd_full", "attn_fwd_causal")):
-            sweep = sorted((r for r in rows if r["op"] == op and _attention_sweep(r["shape"])),
-                           key=lambda r: int(r["shape"].split("x")[1]))
-            if not sweep:
-                continue
-            lengths = [int(r["shape"].split("x")[1]) for r in sweep]
-            ax.plot(lengths, [r["ours"] for r in sweep], "o-", label="cute-kernels", linewidth=2)
-            for peer in sorted({k for r in sweep for k in r["peers"]}):
-                ax.plot(lengths, [r["peers"].get(peer) for r in sweep], ".--", label=peer)
-            ax.set_xscale("log", base=2)
-            ax.set_xlabel("sequence length (batch = 16384 / S), hdim 128, 16 heads, bf16")
-            ax.set_title(op)
-            ax.grid(alpha=0.3)
-        axes[0].set_ylabel("TFLOP/s")
-        axes[0].legend()
-        fig.suptitle(f"attention forward on {data.get('device', gpu)}")
-        fig.tight_layout()
-        (ROOT / "plots").mkdir(exist_ok=True)
-        fig.savefig(ROOT / "plots" / "attention.png", dpi=110)
+        _sweep_plots(data, gpu, ("attn_fwd_full", "attn_fwd_causal"),
+                     lambda r: r["family"] == "attention" and _attention_sweep(r["shape"]),
+                     lambda r: int(r["shape"].split("x")[1]),
+                     "sequence length (batch = 16384 / S), hdim 128, 16 heads, bf16", "TFLOP/s",
+                     "attention forward", "attention.png")
 
 
 def _attention_sweep(shape: str) -> bool:

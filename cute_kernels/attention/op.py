@@ -145,9 +145,8 @@ def flash_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
 def flash_attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    out: torch.Tensor, lse: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor,
                    dv: torch.Tensor, cu_seqlens_q: torch.Tensor | None,
-                   cu_seqlens_k: torch.Tensor | None, max_seqlen_q: int, max_seqlen_k: int,
-                   softmax_scale: float, local: bool, window_left: int, window_right: int,
-                   softcap: float) -> None:
+                   cu_seqlens_k: torch.Tensor | None, max_seqlen_k: int, softmax_scale: float,
+                   local: bool, window_left: int, window_right: int, softcap: float) -> None:
     """dq, dk, dv of :func:`flash_attn_fwd` for validated inputs (its layouts and options).
 
     D = rowsum(dO * O) and the LSE in log2 units (+inf for rows that saw no key) are prepared
@@ -288,8 +287,8 @@ def _batch_backward(q, k, v, out, lse, dout, scale, causal, window_size, softcap
     if batch == 0 or seqlen_q == 0 or seqlen_k == 0 or heads_q == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     local, left, right = _window(causal, window_size, seqlen_q + seqlen_k)
-    flash_attn_bwd(dout, q, k, v, out, lse, dq, dk, dv, None, None, seqlen_q, seqlen_k, scale,
-                   local, left, right, float(softcap))
+    flash_attn_bwd(dout, q, k, v, out, lse, dq, dk, dv, None, None, seqlen_k, scale, local,
+                   left, right, float(softcap))
     return dq, dk, dv
 
 
@@ -412,8 +411,8 @@ def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 or k.shape[0] == 0 or max_seqlen_k == 0):
             return dq.zero_(), dk.zero_(), dv.zero_()
         local, left, right = _window(causal, window_size, max_seqlen_q + max_seqlen_k)
-        flash_attn_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max_seqlen_q,
-                       max_seqlen_k, scale, local, left, right, float(softcap))
+        flash_attn_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max_seqlen_k, scale,
+                       local, left, right, float(softcap))
         return dq, dk, dv
 
     return _attend(q, k, v, fwd, bwd, softcap, return_lse)
