@@ -4,6 +4,10 @@ peers in the same run: cuDNN (SDPA's cuDNN backend), FlashAttention's CuTe kerne
 
     python benchmarks/bench_attention.py            # acceptance shapes + the sweep for the plot
     python benchmarks/bench_attention.py --quick    # acceptance shapes only
+    python benchmarks/bench_attention.py --backward # backward and forward + backward rows
+
+Backward rows (``attn_bwd``) time dQ, dK, dV through autograd and count 2.5x the forward's
+FLOPs; forward + backward rows (``attn_fwd_bwd``) time both, counted as 3.5x.
 """
 
 from __future__ import annotations
@@ -100,8 +104,9 @@ def run_case(results, peer_fns, batch, seqlen, heads, heads_kv, dim, causal, dty
 
 
 def run_backward(results, peer_fns, batch, seqlen, heads, heads_kv, dim, causal,
-                 dtype=torch.bfloat16):
-    """Backward through autograd (dQ, dK, dV), TFLOP/s counted as 2.5x the forward's."""
+                 dtype=torch.bfloat16, with_forward=False):
+    """Backward through autograd (dQ, dK, dV), TFLOP/s counted as 2.5x the forward's; with
+    ``with_forward``, forward and backward together (3.5x)."""
     def make():
         q = torch.randn(batch, seqlen, heads, dim, device="cuda", dtype=dtype)
         k = torch.randn(batch, seqlen, heads_kv, dim, device="cuda", dtype=dtype)
@@ -109,16 +114,42 @@ def run_backward(results, peer_fns, batch, seqlen, heads, heads_kv, dim, causal,
 
     size = torch.tensor([], dtype=dtype).element_size()
     sets = make_input_sets(make, batch * seqlen * (2 * heads + 2 * heads_kv) * dim * size)
-    flops = 2.5 * 4 * batch * heads * seqlen * seqlen * dim / (2 if causal else 1)
-    cands = {"ours": autograd_grad(lambda q, k, v: ck.flash_attn(q, k, v, causal=causal))}
+    flops = (3.5 if with_forward else 2.5) * 4 * batch * heads * seqlen * seqlen * dim / (2 if causal else 1)
+    attend = {"ours": lambda q, k, v: ck.flash_attn(q, k, v, causal=causal)}
     for name, fn in peer_fns.items():
-        cands[name] = autograd_grad((lambda f: lambda q, k, v: f(q, k, v, causal))(fn))
+        attend[name] = (lambda f: lambda q, k, v: f(q, k, v, causal))(fn)
+    wrap = forward_backward if with_forward else autograd_grad
+    cands = {name: wrap(fn) for name, fn in attend.items()}
     cands = {n: f for n, f in cands.items() if n == "ours" or usable(f, *sets[0])}
     ms = bench_many(cands, sets)
     rates = {k: tflops(flops, v) for k, v in ms.items()}
     tag = "causal" if causal else "full"
-    results.add("attention", f"attn_bwd_{tag}", (batch, seqlen, heads, heads_kv, dim), dtype,
+    label = "attn_fwd_bwd" if with_forward else "attn_bwd"
+    results.add("attention", f"{label}_{tag}", (batch, seqlen, heads, heads_kv, dim), dtype,
                 "TFLOPs", rates.pop("ours"), rates, ms=round(ms["ours"], 4))
+
+
+def forward_backward(forward):
+    """A candidate that times a training step's attention: ``forward`` on leaves that need
+    gradients, then ``torch.autograd.grad`` of its output with the output gradient last."""
+    def run(q, k, v, dout):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        return torch.autograd.grad(forward(*leaves), leaves, dout)
+    return run
+
+
+def backward_rows(results, peer_fns, quick):
+    lengths = (1024, 4096, 16384) if quick else (1024, 2048, 4096, 8192, 16384)
+    for seqlen in lengths:
+        for causal in (False, True):
+            run_backward(results, peer_fns, TOKENS // seqlen, seqlen, 16, 16, 128, causal)
+    for causal in (False, True):
+        run_backward(results, peer_fns, 4, 4096, 16, 16, 64, causal)
+    # one GPT-style attention layer (GQA), forward and backward
+    run_backward(results, peer_fns, 4, 4096, 32, 8, 128, True, with_forward=True)
+    if not quick:
+        run_backward(results, peer_fns, 4, 4096, 16, 16, 128, False, with_forward=True)
+        run_backward(results, peer_fns, 4, 4096, 16, 16, 96, True)
 
 
 def main():
@@ -130,11 +161,7 @@ def main():
     results.start(ceilings())
     peer_fns = peers()
     if args.backward:
-        for seqlen in (1024, 4096, 16384):
-            for causal in (False, True):
-                run_backward(results, peer_fns, TOKENS // seqlen, seqlen, 16, 16, 128, causal)
-        for causal in (False, True):
-            run_backward(results, peer_fns, 4, 4096, 16, 16, 64, causal)
+        backward_rows(results, peer_fns, args.quick)
         results.save()
         return
     for dim in (128, 64, 256):

@@ -133,8 +133,9 @@ def check_compile_only(everything: bool) -> int:
     print("-" * TABLE_WIDTH)
     failures = cached = 0
     for name in FAMILY_MODULES:
-        tensor_cores = name in TENSOR_CORE_FAMILIES
         for kernel, config, specs in family_module(name).compile_configurations(quick=not everything):
+            # a family's helper kernels without GEMMs (attention's preprocess) say so
+            tensor_cores = getattr(kernel, "tensor_cores", name in TENSOR_CORE_FAMILIES)
             label = config_label(config)
             if len(label) > 38:
                 label = label[:37] + "…"

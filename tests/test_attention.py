@@ -239,7 +239,7 @@ def test_backward_local_windows(window, sq, sk):
 
 
 @gpu
-@pytest.mark.parametrize("dim", [64])
+@pytest.mark.parametrize("dim", [64, 96])
 def test_backward_softcap(dim):
     check_backward(*qkv(2, 300, 300, 2, 2, dim, scale=3.0), causal=True, softcap=10.0)
 
@@ -288,7 +288,7 @@ def test_backward_refuses_unsupported_head_dims_before_running():
     q, k, v = (t.requires_grad_() for t in qkv(1, 64, 64, 2, 2, 256))
     with pytest.raises(ck.UnsupportedError, match="backward"):
         ck.flash_attn(q, k, v)
-    q, k, v = (t.requires_grad_() for t in qkv(1, 64, 64, 2, 2, 96))
+    q, k, v = (t.requires_grad_() for t in qkv(1, 64, 64, 2, 2, 128))
     with pytest.raises(ck.UnsupportedError, match="softcap"):
         ck.flash_attn(q, k, v, softcap=5.0)
     with torch.no_grad():
@@ -337,3 +337,74 @@ def test_self_check_rows():
     for check in self_checks():
         assert check.error(check.ours()) <= check.tolerance
         assert check.torch().shape == check.reference.shape
+
+
+def _transformer_block_loss(x, norm_w, w_qkv, w_out, w_vocab, target, heads, heads_kv, attend):
+    """RMSNorm -> QKV GEMM -> attention -> output GEMM (+ residual) -> vocab GEMM -> mean
+    cross-entropy; ``attend(q, k, v)`` is the attention."""
+    batch, seqlen, width = x.shape
+    dim = width // heads
+    h = ck.rms_norm(x, norm_w).view(-1, width)
+    qkv = ck.gemm(h, w_qkv).view(batch, seqlen, heads + 2 * heads_kv, dim)
+    q, k, v = qkv.split([heads, heads_kv, heads_kv], dim=2)
+    o = attend(q, k, v).reshape(-1, width)
+    y = ck.gemm(o, w_out) + x.view(-1, width)
+    return ck.cross_entropy(ck.gemm(y, w_vocab), target.view(-1))
+
+
+@gpu
+def test_training_step_of_a_transformer_block_under_torch_compile():
+    torch.manual_seed(0)
+    batch, seqlen, heads, heads_kv, dim, vocab = 2, 256, 4, 2, 64, 512
+    width = heads * dim
+    dev, bf16 = "cuda", torch.bfloat16
+    params = [torch.randn(width, device=dev, dtype=bf16),
+              torch.randn(width, (heads + 2 * heads_kv) * dim, device=dev, dtype=bf16) / width ** 0.5,
+              torch.randn(width, width, device=dev, dtype=bf16) / width ** 0.5,
+              torch.randn(width, vocab, device=dev, dtype=bf16) / width ** 0.5]
+    x = torch.randn(batch, seqlen, width, device=dev, dtype=bf16)
+    target = torch.randint(0, vocab, (batch, seqlen), device=dev)
+
+    def block(x, *weights):
+        return _transformer_block_loss(x, *weights, target, heads, heads_kv,
+                                       lambda q, k, v: ck.flash_attn(q, k, v, causal=True))
+
+    def step(loss_fn):  # forward (compiled as one graph, or eager) and backward
+        leaves = [w.detach().requires_grad_() for w in (x, *params)]
+        loss = loss_fn(*leaves)
+        return (loss, *torch.autograd.grad(loss, leaves))
+
+    eager = step(block)
+    compiled = step(torch.compile(block, fullgraph=True))
+    for name, a, b in zip(("loss", "dx", "dnorm", "dqkv", "dout", "dvocab"), eager, compiled):
+        assert not b.isnan().any(), name
+        torch.testing.assert_close(b.float(), a.float(), rtol=2e-2, atol=2e-2 * a.float().abs().max().item(),
+                                   msg=name)
+    # and the attention's gradients agree with torch's attention in the same block
+    def sdpa(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+            enable_gqa=True).transpose(1, 2)
+    leaves = [w.detach().requires_grad_() for w in (x, *params)]
+    ref = torch.autograd.grad(_transformer_block_loss(*leaves, target, heads, heads_kv, sdpa), leaves)
+    for name, a, r in zip(("dx", "dnorm", "dqkv", "dout", "dvocab"), eager[1:], ref):
+        assert (a.float() - r.float()).abs().max().item() <= 3e-2 * r.float().abs().max().item() + 1e-3, name
+
+
+def test_varlen_lse_rows_start_where_the_backward_kernel_reads_them():
+    from cute_kernels.attention.bwd_sm90 import padded_row_offset
+    from cute_kernels.attention.op import _varlen_rows
+
+    lens = [5, 0, 300, 128, 1, 77, 3]
+    cu = torch.tensor([0] + lens).cumsum(0).int()
+    lse, dsum = torch.randn(3, sum(lens)), torch.randn(3, sum(lens))
+    lse_rows, dsum_rows = _varlen_rows(lse, dsum, cu)
+    assert lse_rows.stride(0) % 4 == 0 and lse_rows.shape == dsum_rows.shape
+    used = torch.zeros(lse_rows.shape[1], dtype=torch.bool)
+    for b, n in enumerate(lens):
+        start, first = padded_row_offset(int(cu[b]), b), int(cu[b])
+        assert start % 4 == 0 and not used[start:start + n].any()
+        used[start:start + n] = True
+        torch.testing.assert_close(lse_rows[:, start:start + n], lse[:, first:first + n] * math.log2(math.e))
+        assert torch.equal(dsum_rows[:, start:start + n], dsum[:, first:first + n])
+    assert (lse_rows[:, ~used] == 0).all() and (dsum_rows[:, ~used] == 0).all()

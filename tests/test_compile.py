@@ -113,8 +113,10 @@ def test_gemm_configuration_uses_wgmma_tma_and_no_spills(case):
 
 # Every configuration in bf16; fp16 (the same kernels with fp16 MMAs) where neither softcap nor
 # varlen adds code, to keep CI's compile time in bounds (precompile builds them all).
-ATTENTION = [case for case in attention_op.compile_configurations()
-             if case[2][0].dtype == "bfloat16" or not (case[1].softcap or case[1].varlen)]
+ATTENTION_ALL = attention_op.compile_configurations()
+ATTENTION = [case for case in ATTENTION_ALL if case[0].__name__.startswith("FlashAttn")
+             and (case[2][0].dtype == "bfloat16" or not (case[1].softcap or case[1].varlen))]
+ROW_DOT = [case for case in ATTENTION_ALL if case[0].__name__ == "RowDotSm90"]
 
 
 def _attention_id(case):
@@ -147,3 +149,12 @@ def test_inspect_keeps_the_machine_code_on_request():
     report = inspect_kernel(kernel, config, specs, arch="sm_90a", keep_cubin=True)
     assert report.cubins and all(image[:4] == b"\x7fELF" for image in report.cubins)
     assert not inspect_kernel(kernel, config, specs, arch="sm_90a").cubins
+
+
+@pytest.mark.parametrize("case", ROW_DOT, ids=[_id(c) for c in ROW_DOT])
+def test_attention_preprocess_reads_16_byte_vectors_without_spills(case):
+    kernel, config, specs = case
+    report = inspect_kernel(kernel, config, specs, arch="sm_90a")
+    assert report.has("ld.global.v4"), "O and dO rows must be read in 16-byte vectors"
+    assert "shfl.sync.bfly" in report.ptx, "the row sum is reduced by warp shuffles"
+    assert not report.local_memory, f"local memory / spills: {report.summary()}"

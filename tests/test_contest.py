@@ -61,6 +61,9 @@ SUBMISSIONS = {
               "    if data.numel() == 128:\n"
               "        os._exit(3)\n"
               "    return data * 2\n"),
+    "needs_package": ("import cute_kernels\n"
+                      "def custom_kernel(data):\n"
+                      "    return data * 2\n"),
     "hang": ("import time\n"
              "def custom_kernel(data):\n"
              "    if data.numel() == 128:\n"
@@ -152,6 +155,14 @@ def test_a_hanging_submission_times_out(problem):
     assert "timed out" in result.cases[1].error
 
 
+def test_hide_package_makes_cute_kernels_unimportable(problem):
+    assert _test_run(problem, "needs_package").passed
+    hidden = _test_run(problem, "needs_package", hide_package=True)
+    assert not hidden.passed and all(not c.ok for c in hidden.cases)
+    assert "hidden" in hidden.stderr + " ".join(c.error for c in hidden.cases)
+    assert _test_run(problem, "good", hide_package=True).passed
+
+
 def test_benchmark_and_leaderboard_modes(problem):
     (bench,) = harness.run(problem, "benchmark")
     assert bench.passed and all(c.mean_ns > 0 and c.stats["runs"] >= 3 for c in bench.cases)
@@ -208,7 +219,10 @@ def _import_bundle(folder, tmp_path, code="import submission"):
     bundle(folder / "submission.py", run_dir / "submission.py")
     (run_dir / "task.py").write_text((folder / "task.py").read_text())
     script = "import sys; sys.modules['cute_kernels'] = None\n" + code
-    env = dict(__import__("os").environ, CUTE_KERNELS_ARCH="sm_90a", PYTHONPATH="")
+    # the interpreter's own path minus the folder holding cute_kernels (the DSL may come from
+    # PYTHONPATH, as on the GPU machine: it stays importable)
+    path = [p for p in sys.path if p and not (__import__("pathlib").Path(p) / "cute_kernels").exists()]
+    env = dict(__import__("os").environ, CUTE_KERNELS_ARCH="sm_90a", PYTHONPATH=":".join(path))
     proc = subprocess.run([sys.executable, "-c", script], cwd=run_dir, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]

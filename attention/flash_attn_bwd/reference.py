@@ -9,14 +9,23 @@ import torch
 from task import input_t, output_t
 
 
-def generate_input(batch, seqlen, heads, heads_kv, dim, causal, seed) -> input_t:
+def generate_input(batch, seqlen, heads, heads_kv, dim, causal, seed, varlen=0) -> input_t:
+    """Padded (batch, seqlen, heads, dim) tensors, or with ``varlen`` ``batch`` packed sequences
+    of random lengths 1..seqlen (queries and keys of equal length), (total, heads, dim)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
-    shape_q, shape_kv = (batch, seqlen, heads, dim), (batch, seqlen, heads_kv, dim)
+    cu_seqlens = max_seqlen = None
+    if varlen:
+        lengths = torch.randint(1, seqlen + 1, (batch,), device="cuda", generator=g)
+        cu_seqlens = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).int()
+        max_seqlen = int(lengths.max())
+        shape_q, shape_kv = (int(lengths.sum()), heads, dim), (int(lengths.sum()), heads_kv, dim)
+    else:
+        shape_q, shape_kv = (batch, seqlen, heads, dim), (batch, seqlen, heads_kv, dim)
     q = torch.randn(shape_q, device="cuda", dtype=torch.bfloat16, generator=g)
     k = torch.randn(shape_kv, device="cuda", dtype=torch.bfloat16, generator=g)
     v = torch.randn(shape_kv, device="cuda", dtype=torch.bfloat16, generator=g)
     dout = torch.randn(shape_q, device="cuda", dtype=torch.bfloat16, generator=g)
-    return q, k, v, dout, int(causal)
+    return q, k, v, dout, int(causal), cu_seqlens, max_seqlen
 
 
 def _attention(q, k, v, causal):
@@ -31,9 +40,15 @@ def _attention(q, k, v, causal):
 
 
 def ref_kernel(data: input_t) -> output_t:
-    q, k, v, dout, causal = data
+    q, k, v, dout, causal, cu_seqlens, _ = data
     leaves = [t.float().requires_grad_() for t in (q, k, v)]
-    grads = torch.autograd.grad(_attention(*leaves, causal), leaves, dout.float())
+    if cu_seqlens is None:
+        out = _attention(*leaves, causal)
+    else:  # each packed sequence on its own
+        bounds = cu_seqlens.tolist()
+        out = torch.cat([_attention(*(t[a:b].unsqueeze(0) for t in leaves), causal).squeeze(0)
+                         for a, b in zip(bounds[:-1], bounds[1:])])
+    grads = torch.autograd.grad(out, leaves, dout.float())
     return tuple(g.to(torch.bfloat16) for g in grads)
 
 

@@ -7,7 +7,11 @@ from task import input_t, output_t
 
 
 def custom_kernel(data: input_t) -> output_t:
-    q, k, v, dout, causal = data
+    q, k, v, dout, causal, cu_seqlens, max_seqlen = data
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    out = ck.flash_attn(*leaves, causal=bool(causal))
+    if cu_seqlens is None:
+        out = ck.flash_attn(*leaves, causal=bool(causal))
+    else:
+        out = ck.flash_attn_varlen(*leaves, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                   causal=bool(causal))
     return torch.autograd.grad(out, leaves, dout)

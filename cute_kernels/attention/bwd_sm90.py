@@ -11,23 +11,29 @@ Design:
     shared-memory operands), P^T = exp2(S^T * scale * log2 e - LSE * log2 e) recomputed from
     the forward's LSE (``lse_log2``, +inf for a row that saw no key), dS^T = P^T (dP^T - D),
     then dV += P^T dO and dK += dS^T Q with P^T and dS^T as register A operands (the forward's
-    fragment views), accumulated in fp32 registers over all query blocks.
-  - dQ: each warpgroup stores its dS^T to shared memory and computes its keys' share of
-    dQ = dS K (wgmma with dS from shared memory); the shares are summed in a shared fp32 tile,
-    and a dedicated warp adds the tile into the fp32 dQ accumulator in global memory with a TMA
-    bulk reduce (``cp.reduce.async.bulk.tensor ... add``). Named barriers hand the tile between
-    the two warpgroups and the reduce warp.
+    fragment views), accumulated in fp32 registers over all query blocks. The LSE and D of
+    each query block arrive in shared memory with its Q and dO (TMA, same pipeline stage).
+  - Overlap inside a warpgroup: P is computed while the dP GEMM runs, dS^T is stored while the
+    dV GEMM runs, and the dQ tile is handed over while the dK GEMM runs.
+  - dQ: both warpgroups store their dS^T to a double-buffered shared tile (tile_m x tile_n);
+    after one 256-thread barrier each computes half of dQ's columns (head dim 96: warpgroup 0
+    all of them) over all tile_n keys (dQ = dS K, wgmma from shared memory) into its own
+    swizzled fp32 tile, which a dedicated
+    warp adds into the fp32 dQ accumulator in global memory with a TMA bulk reduce
+    (``cp.reduce.async.bulk.tensor ... add``).
   - Masks as the forward's (``mask.py`` semantics), on the transposed scores; softcap
     multiplies dS by the tanh derivative. dK and dQ carry the softmax scale (dK here, dQ in the
     launcher's final scaling of the accumulator).
 
 Tensors arrive in torch order: Q, dO, dQ_accum (fp32) (B, Sq, Hq, D), K, V, dK, dV
-(B, Sk, Hkv, D), lse_log2 and D (B, Hq, Sq) fp32; varlen: (total, H, D) and (Hq, total_q) with
-int32 ``cu_seqlens``.
+(B, Sk, Hkv, D), lse_log2 and D (B, Hq, Sq) fp32; varlen: (total, H, D) with int32
+``cu_seqlens``, and lse_log2 and D (Hq, rows) with sequence b's rows from
+``padded_row_offset`` (zeros between sequences).
 
 Constraints:
   - bf16 or fp16 Q, K, V, dO, dK, dV; fp32 dQ_accum (zeroed by the caller), lse_log2 and D
-  - head dim 64, 96 or 128 (softcap: 64); tile_m 64, tile_n 128 (two MMA warpgroups of 64
+    (rows contiguous, other strides multiples of 16 bytes: TMA)
+  - head dim 64, 96 or 128 (softcap: 64, 96); tile_m 64, tile_n 128 (two MMA warpgroups of 64
     keys)
   - strides as the forward's (head dim contiguous, the rest multiples of 16 bytes)
   - dQ is summed with atomic bulk adds: not bit-reproducible from run to run
@@ -54,6 +60,14 @@ PRODUCER_REGISTERS, MMA_REGISTERS = 24, 240
 REDUCE_WARP = 1  # of the producer warpgroup; warp 0 loads
 
 
+def padded_row_offset(offset_q, batch):
+    """Varlen: where sequence ``batch`` (starting at query row ``offset_q``) starts in the LSE and
+    D rows: a multiple of 4 (a TMA box of fp32 rows starts on 16 bytes), 4 * (offset_q // 4 +
+    batch), so sequences never overlap and ``total_q + 4 * batches`` rows hold them all. The op
+    lays the rows out the same way (``op._varlen_rows``)."""
+    return (offset_q // 4 + batch) * 4
+
+
 def _select(t: cute.Tensor, modes) -> cute.Tensor:
     return cute.make_tensor(t.iterator, cute.select(t.layout, mode=modes))
 
@@ -66,16 +80,22 @@ class FlashAttnBwdSm90:
     """See the module docstring. ``__init__`` takes only the compile-time configuration."""
 
     def __init__(self, config: AttentionBwdConfig):
-        if config.tile_m != 64 or config.tile_n != 128 or config.head_dim not in (64, 96, 128):
+        if (config.tile_m != 64 or config.tile_n != 128 or config.stages != 2
+                or config.head_dim not in (64, 96, 128)):
             raise ValueError(f"unsupported backward tiles: {config}")
         self.config = config
         self.tile_m, self.tile_n, self.head_dim = config.tile_m, config.tile_n, config.head_dim
+        # dQ's columns split between the two MMA warpgroups; at head dim 96 the halves (48)
+        # would cut K's 32-column swizzle atoms, so warpgroup 0 computes all of dQ.
+        self.dq_wgs = 1 if config.head_dim == 96 else 2
+        self.dq_cols = config.head_dim // self.dq_wgs
 
     # ------------------------------------------------------------------ host side
 
-    def _smem(self, layout, major_size, shape, order):
+    @staticmethod
+    def _smem(dtype, layout, major_size, shape, order):
         atom = warpgroup.make_smem_layout_atom(
-            sm90_utils.get_smem_layout_atom(layout, self.dtype, major_size), self.dtype)
+            sm90_utils.get_smem_layout_atom(layout, dtype, major_size), dtype)
         return cute.tile_to_shape(atom, shape, order=order)
 
     @cute.jit
@@ -92,36 +112,44 @@ class FlashAttnBwdSm90:
         lse, dsum = _select(mLSE, row_modes), _select(mD, row_modes)
         d, tm, tn, st = self.head_dim, self.tile_m, self.tile_n, cfg.stages
         row_major = tensor_utils.LayoutEnum.ROW_MAJOR
-        self.sQ_layout = self._smem(row_major, d, (tm, d, st), (0, 1, 2))
-        self.sK_layout = self._smem(row_major, d, (tn, d), (0, 1))
-        # dS (queries x keys) stored queries-contiguous: the MN-major A operand of dQ = dS K.
-        self.sdS_layout = self._smem(tensor_utils.LayoutEnum.COL_MAJOR, tm, (tm, tn), (1, 0))
-        self.sdQ_layout = cute.make_ordered_layout((tm, d), order=(1, 0))
+        self.sQ_layout = self._smem(self.dtype, row_major, d, (tm, d, st), (0, 1, 2))
+        self.sK_layout = self._smem(self.dtype, row_major, d, (tn, d), (0, 1))
+        # dS (queries x keys, one buffer per pipeline stage) stored queries-contiguous: the
+        # MN-major A operand of dQ = dS K.
+        self.sdS_layout = self._smem(self.dtype, tensor_utils.LayoutEnum.COL_MAJOR, tm,
+                                     (tm, tn, st), (1, 0, 2))
+        # One fp32 dQ tile per dQ warpgroup (its share of the columns), swizzled: the
+        # accumulator's rows 8 apart land in different banks.
+        self.sdQ_layout = self._smem(Float32, row_major, self.dq_cols, (tm, self.dq_cols, self.dq_wgs),
+                                     (0, 1, 2))
         mma = lambda b_major, n, a_source: sm90_utils.make_trivial_tiled_mma(  # noqa: E731
             self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K if a_source != "smem_mn"
             else cute.nvgpu.OperandMajorMode.MN, b_major, Float32, (1, 1, 1), tiler_mn=(64, n),
             a_source=warpgroup.OperandSource.RMEM if a_source == "rmem" else warpgroup.OperandSource.SMEM)
         self.mma_s = mma(cute.nvgpu.OperandMajorMode.K, tm, "smem")  # S^T, dP^T (64 keys x tm)
         self.mma_kv = mma(cute.nvgpu.OperandMajorMode.MN, d, "rmem")  # dV, dK (64 keys x D)
-        # dQ share (tm x D), in column halves at head dim 128 (fewer live registers: the dV and
-        # dK accumulators hold 128 per thread already).
-        self.dq_parts = 2 if d == 128 else 1
-        self.mma_dq = mma(cute.nvgpu.OperandMajorMode.MN, d // self.dq_parts, "smem_mn")
+        self.mma_dq = mma(cute.nvgpu.OperandMajorMode.MN, self.dq_cols, "smem_mn")  # tm x D / 2
         load = cpasync.CopyBulkTensorTileG2SOp()
         one_stage = cute.slice_(self.sQ_layout, (None, None, 0))
         tma_q, tma_tensor_q = cpasync.make_tiled_tma_atom(load, q, one_stage, (tm, d))
         tma_do, tma_tensor_do = cpasync.make_tiled_tma_atom(load, do, one_stage, (tm, d))
         tma_k, tma_tensor_k = cpasync.make_tiled_tma_atom(load, k, self.sK_layout, (tn, d))
         tma_v, tma_tensor_v = cpasync.make_tiled_tma_atom(load, v, self.sK_layout, (tn, d))
+        row_tile = cute.make_layout(tm)
+        tma_lse, tma_tensor_lse = cpasync.make_tiled_tma_atom(load, lse, row_tile, (tm,))
+        tma_dsum, tma_tensor_dsum = cpasync.make_tiled_tma_atom(load, dsum, row_tile, (tm,))
         tma_dq, tma_tensor_dq = cpasync.make_tiled_tma_atom(
-            cpasync.CopyReduceBulkTensorTileS2GOp(), dq, self.sdQ_layout, (tm, d))
-        self.qdo_bytes = 2 * cute.size_in_bytes(self.dtype, one_stage)
+            cpasync.CopyReduceBulkTensorTileS2GOp(), dq,
+            cute.slice_(self.sdQ_layout, (None, None, 0)), (tm, self.dq_cols))
+        self.qdo_bytes = 2 * cute.size_in_bytes(self.dtype, one_stage) + 2 * tm * 4
         self.kv_bytes = 2 * cute.size_in_bytes(self.dtype, self.sK_layout)
 
         @cute.struct
         class Storage:
             bar_kv: cute.struct.MemRange[cutlass.Int64, 2]
             bar_qdo: cute.struct.MemRange[cutlass.Int64, st * 2]
+            sLSE: cute.struct.Align[cute.struct.MemRange[Float32, tm * st], 128]
+            sD: cute.struct.Align[cute.struct.MemRange[Float32, tm * st], 128]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sQ_layout)], 1024]
             sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sK_layout)], 1024]
@@ -135,27 +163,29 @@ class FlashAttnBwdSm90:
         grid = (cute.ceil_div(max_seqlen_k, tn), heads_kv, batches)
         self.kernel(
             tma_q, tma_tensor_q, tma_do, tma_tensor_do, tma_k, tma_tensor_k, tma_v, tma_tensor_v,
-            tma_dq, tma_tensor_dq, lse, dsum, dk, dv, mCuSeqlensQ, mCuSeqlensK, q.shape[0],
-            k.shape[0], heads, heads_kv, scale_log2, softcap_prescale, dk_scale, window_left,
-            window_right, self.sQ_layout, self.sK_layout, self.sdS_layout, self.mma_s,
-            self.mma_kv, self.mma_dq,
+            tma_lse, tma_tensor_lse, tma_dsum, tma_tensor_dsum, tma_dq, tma_tensor_dq, dk, dv,
+            mCuSeqlensQ, mCuSeqlensK, q.shape[0], k.shape[0], heads, heads_kv, scale_log2,
+            softcap_prescale, dk_scale, window_left, window_right, self.sQ_layout,
+            self.sK_layout, self.sdS_layout, self.sdQ_layout, self.mma_s, self.mma_kv,
+            self.mma_dq,
         ).launch(grid=grid, block=[384, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     # ------------------------------------------------------------------ device side
 
     @cute.kernel
-    def kernel(self, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_dq, mdQ, mLSE, mD, mdK,
-               mdV, mCuSeqlensQ, mCuSeqlensK, seqlen_q_static: Int32, seqlen_k_static: Int32,
-               heads: Int32, heads_kv: Int32, scale_log2: Float32, softcap_prescale: Float32,
-               dk_scale: Float32, window_left: Int32, window_right: Int32,
-               sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
-               sdS_layout: cute.ComposedLayout, mma_s: cute.TiledMma, mma_kv: cute.TiledMma,
+    def kernel(self, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE, tma_dsum, mD,
+               tma_dq, mdQ, mdK, mdV, mCuSeqlensQ, mCuSeqlensK, seqlen_q_static: Int32,
+               seqlen_k_static: Int32, heads: Int32, heads_kv: Int32, scale_log2: Float32,
+               softcap_prescale: Float32, dk_scale: Float32, window_left: Int32,
+               window_right: Int32, sQ_layout: cute.ComposedLayout,
+               sK_layout: cute.ComposedLayout, sdS_layout: cute.ComposedLayout,
+               sdQ_layout: cute.ComposedLayout, mma_s: cute.TiledMma, mma_kv: cute.TiledMma,
                mma_dq: cute.TiledMma):
         cfg = self.config
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp == 0:
-            for atom in (tma_q, tma_do, tma_k, tma_v, tma_dq):
+            for atom in (tma_q, tma_do, tma_k, tma_v, tma_lse, tma_dsum, tma_dq):
                 cpasync.prefetch_descriptor(atom)
         storage = cutlass.memory.SmemAllocator().allocate(self.storage)
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread)
@@ -173,7 +203,10 @@ class FlashAttnBwdSm90:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
-        sdQ = storage.sdQ.get_tensor(cute.make_ordered_layout((self.tile_m, self.head_dim), order=(1, 0)))
+        sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
+        rows_layout = cute.make_layout((self.tile_m, cfg.stages))
+        sLSE = storage.sLSE.get_tensor(rows_layout)
+        sD = storage.sD.get_tensor(rows_layout)
 
         n_block, head_kv, batch = cute.arch.block_idx()
         seq = Sequence(batch, seqlen_q_static, seqlen_k_static, mCuSeqlensQ, mCuSeqlensK)
@@ -187,13 +220,13 @@ class FlashAttnBwdSm90:
             if tidx < 128:
                 cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
                 if warp == 0:
-                    self.load(tma_q, tma_do, tma_k, tma_v, mQ, mdO, mK, mV, sQ, sdO, sK, sV,
-                              pipe_kv, pipe_qdo, work)
+                    self.load(tma_q, tma_do, tma_k, tma_v, tma_lse, tma_dsum, mQ, mdO, mK, mV,
+                              mLSE, mD, sQ, sdO, sK, sV, sLSE, sD, pipe_kv, pipe_qdo, work)
                 elif warp == REDUCE_WARP:
                     self.reduce_dq(tma_dq, mdQ, sdQ, work)
             else:
                 cute.arch.setmaxregister_increase(MMA_REGISTERS)
-                self.mma(mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sdQ, mLSE, mD, mdK, mdV,
+                self.mma(mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, mdK, mdV,
                          pipe_kv, pipe_qdo, work, scale_log2, softcap_prescale, dk_scale,
                          window_left, window_right, tidx - 128)
 
@@ -212,8 +245,14 @@ class FlashAttnBwdSm90:
         return m_min, m_max
 
     def _rows(self, t, offset, head, batch):
+        """One head of one sequence: (rows, D) of a Q-like tensor, (rows,) of the LSE or D
+        (varlen: sequence b's LSE / D rows start at ``padded_row_offset``)."""
         if const_expr(self.config.varlen):
+            if const_expr(cute.rank(t) == 2):
+                return cute.domain_offset((padded_row_offset(offset, batch),), t[None, head])
             return cute.domain_offset((offset, 0), t[None, None, head])
+        if const_expr(cute.rank(t) == 3):
+            return t[None, head, batch]
         return t[None, None, head, batch]
 
     def _step(self, work, i):
@@ -224,9 +263,9 @@ class FlashAttnBwdSm90:
         return head_kv * group + g, m_min + i - g * count
 
     @cute.jit
-    def load(self, tma_q, tma_do, tma_k, tma_v, mQ, mdO, mK, mV, sQ, sdO, sK, sV, pipe_kv,
-             pipe_qdo, work):
-        """Producer warp: K and V once, then Q and dO of every step."""
+    def load(self, tma_q, tma_do, tma_k, tma_v, tma_lse, tma_dsum, mQ, mdO, mK, mV, mLSE, mD,
+             sQ, sdO, sK, sV, sLSE, sD, pipe_kv, pipe_qdo, work):
+        """Producer warp: K and V once, then Q, dO, their LSE and D of every step."""
         seq, n_block, head_kv, batch, group, m_min, m_max, steps = work
         one = cute.make_layout(1)
         tile_kd = (self.tile_n, self.head_dim)
@@ -245,35 +284,46 @@ class FlashAttnBwdSm90:
             head, m_block = self._step(work, i)
             gQ = cute.local_tile(self._rows(mQ, seq.offset_q, head, batch), tile_qd, (m_block, 0))
             gdO = cute.local_tile(self._rows(mdO, seq.offset_q, head, batch), tile_qd, (m_block, 0))
+            gL = cute.local_tile(self._rows(mLSE, seq.offset_q, head, batch), (self.tile_m,), (m_block,))
+            gD = cute.local_tile(self._rows(mD, seq.offset_q, head, batch), (self.tile_m,), (m_block,))
             tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, one, cute.group_modes(sQ, 0, 2), cute.group_modes(gQ, 0, 2))
             tOsO, tOgO = cpasync.tma_partition(tma_do, 0, one, cute.group_modes(sdO, 0, 2), cute.group_modes(gdO, 0, 2))
+            tLsL, tLgL = cpasync.tma_partition(tma_lse, 0, one, cute.group_modes(sLSE, 0, 1), cute.group_modes(gL, 0, 1))
+            tDsD, tDgD = cpasync.tma_partition(tma_dsum, 0, one, cute.group_modes(sD, 0, 1), cute.group_modes(gD, 0, 1))
             pipe_qdo.producer_acquire(state)
             barrier = pipe_qdo.producer_get_barrier(state)
             cute.copy(tma_q, tQgQ, tQsQ[None, state.index], tma_bar_ptr=barrier)
+            cute.copy(tma_lse, tLgL, tLsL[None, state.index], tma_bar_ptr=barrier)
             cute.copy(tma_do, tOgO, tOsO[None, state.index], tma_bar_ptr=barrier)
+            cute.copy(tma_dsum, tDgD, tDsD[None, state.index], tma_bar_ptr=barrier)
             state.advance()
 
     @cute.jit
     def reduce_dq(self, tma_dq, mdQ, sdQ, work):
-        """Reduce warp: add each step's dQ tile (shared, fp32) into the global accumulator."""
+        """Reduce warp: add each step's dQ tiles (shared, fp32; one per dQ warpgroup) into the
+        global accumulator, each as soon as its warpgroup has written it."""
         seq, n_block, head_kv, batch, group, m_min, m_max, steps = work
         full, empty = int(AttentionBwdBarrier.DQ_FULL), int(AttentionBwdBarrier.DQ_EMPTY)
-        cute.arch.barrier_arrive(barrier_id=empty, number_of_threads=160)  # the tile starts free
+        for w in cutlass.range_constexpr(self.dq_wgs):  # the tiles start free
+            cute.arch.barrier_arrive(barrier_id=empty + w, number_of_threads=160)
         one = cute.make_layout(1)
         for i in range(steps):
             head, m_block = self._step(work, i)
             gdQ = cute.local_tile(self._rows(mdQ, seq.offset_q, head, batch),
-                                  (self.tile_m, self.head_dim), (m_block, 0))
-            tsdQ, tgdQ = cpasync.tma_partition(tma_dq, 0, one, cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2))
-            cute.arch.barrier(barrier_id=full, number_of_threads=160)
-            cute.copy(tma_dq, tsdQ, tgdQ)
-            cute.arch.cp_async_bulk_commit_group()
-            cute.arch.cp_async_bulk_wait_group(0, read=True)
-            cute.arch.barrier_arrive(barrier_id=empty, number_of_threads=160)
+                                  (self.tile_m, self.dq_cols), (m_block, None))
+            for w in cutlass.range_constexpr(self.dq_wgs):
+                tsdQ, tgdQ = cpasync.tma_partition(
+                    tma_dq, 0, one, cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2))
+                cute.arch.barrier(barrier_id=full + w, number_of_threads=160)
+                cute.copy(tma_dq, tsdQ[None, w], tgdQ[None, w])
+                cute.arch.cp_async_bulk_commit_group()
+            for w in cutlass.range_constexpr(self.dq_wgs):
+                cute.arch.cp_async_bulk_wait_group(self.dq_wgs - 1 - w, read=True)
+                cute.arch.barrier_arrive(barrier_id=empty + w, number_of_threads=160)
         cute.arch.cp_async_bulk_wait_group(0, read=False)
 
     @cute.jit
-    def mma(self, mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sdQ, mLSE, mD, mdK, mdV, pipe_kv,
+    def mma(self, mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, mdK, mdV, pipe_kv,
             pipe_qdo, work, scale_log2, softcap_prescale, dk_scale, window_left, window_right,
             tidx):
         """MMA warpgroups: 64 keys each, over every step; then dK and dV out."""
@@ -285,8 +335,7 @@ class FlashAttnBwdSm90:
         sV_w = cute.local_tile(sV, (64, d), (wg, 0))
         sQt = _transposed(sQ, (d, tm, st), (1, 0, 2))  # (D, queries): N-major B operands
         sdOt = _transposed(sdO, (d, tm, st), (1, 0, 2))
-        sKt_w = _transposed(sK_w, (d, 64), (1, 0))
-        sdS_w = cute.local_tile(sdS, (tm, 64), (0, wg))  # (queries, this warpgroup's keys)
+        sKt = _transposed(sK, (d, self.tile_n), (1, 0))  # (D, keys)
         s_ops, kv_ops, dq_ops = mma_s.get_slice(0), mma_kv.get_slice(0), mma_dq.get_slice(0)
         tSrK = mma_s.make_fragment_A(s_ops.partition_A(sK_w))
         tSrQ = mma_s.make_fragment_B(s_ops.partition_B(sQ))
@@ -296,23 +345,27 @@ class FlashAttnBwdSm90:
         tKrQ = mma_kv.make_fragment_B(kv_ops.partition_B(sQt))
         tVrP = mma_kv.make_fragment_A(kv_ops.partition_shape_A((64, tm)))
         tKrdS = mma_kv.make_fragment_A(kv_ops.partition_shape_A((64, tm)))
-        tQrdS = mma_dq.make_fragment_A(dq_ops.partition_A(sdS_w))
-        dn = d // self.dq_parts
-        tQrK = [mma_dq.make_fragment_B(dq_ops.partition_B(cute.local_tile(sKt_w, (dn, 64), (h, 0))))
-                for h in range(self.dq_parts)]
+        tQrdS = mma_dq.make_fragment_A(dq_ops.partition_A(sdS))
+        dq_wg = wg if const_expr(self.dq_wgs == 2) else 0
+        tQrK = mma_dq.make_fragment_B(dq_ops.partition_B(
+            cute.local_tile(sKt, (self.dq_cols, self.tile_n), (dq_wg, 0))))
         acc_dv = cute.make_rmem_tensor(kv_ops.partition_shape_C((64, d)), Float32)
         acc_dk = cute.make_rmem_tensor(kv_ops.partition_shape_C((64, d)), Float32)
         acc_dv.fill(0.0)
         acc_dk.fill(0.0)
         thr_s = mma_s.get_slice(tidx % 128)
-        # This thread's positions: S^T rows (keys) and columns (queries), dS^T in shared memory,
-        # the dQ share in the shared fp32 tile.
+        # This thread's positions: S^T rows (keys) and columns (queries); its columns' LSE and
+        # D (a view broadcast over the keys), dS^T in shared memory, its dQ tile.
         coords = rows_cols(thr_s.partition_C(cute.make_identity_tensor((64, tm))))
-        sdS_t = _transposed(sdS_w, (64, tm), (1, 0))  # (keys, queries) view of dS
+        by_query = cute.make_layout((64, tm, st), stride=(0, 1, tm))
+        tSsLSE = thr_s.partition_C(cute.make_tensor(sLSE.iterator, by_query))
+        tSsD = thr_s.partition_C(cute.make_tensor(sD.iterator, by_query))
+        sdS_t = _transposed(cute.local_tile(sdS, (tm, 64, st), (0, wg, 0)), (64, tm, st), (1, 0, 2))
         tSsdS = thr_s.partition_C(sdS_t)
-        tQsdQ = [mma_dq.get_slice(tidx % 128).partition_C(cute.local_tile(sdQ, (tm, dn), (0, h)))
-                 for h in range(self.dq_parts)]
+        tQsdQ = mma_dq.get_slice(tidx % 128).partition_C(sdQ[None, None, dq_wg])
         key0 = n_block * self.tile_n + wg * 64
+        ds_ready = int(AttentionBwdBarrier.DS_READY)
+        dq_empty, dq_full = int(AttentionBwdBarrier.DQ_EMPTY) + wg, int(AttentionBwdBarrier.DQ_FULL) + wg
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_kv.consumer_wait(kv_state)
@@ -320,70 +373,58 @@ class FlashAttnBwdSm90:
         for i in range(steps):
             head, m_block = self._step(work, i)
             q0 = m_block * tm
+            b = state.index
             pipe_qdo.consumer_wait(state)
             acc_s = cute.make_rmem_tensor(s_ops.partition_shape_C((64, tm)), Float32)
             acc_dp = cute.make_rmem_tensor(s_ops.partition_shape_C((64, tm)), Float32)
-            warpgroup_gemm(mma_s, acc_s, tSrK, tSrQ[None, None, None, state.index], True)
-            warpgroup_gemm(mma_s, acc_dp, tPrV, tPrdO[None, None, None, state.index], True)
-            warpgroup.wait_group(0)
-            # P^T and dS^T in place of S^T and dP^T, one pass; blocks on an edge also mask.
+            warpgroup_gemm(mma_s, acc_s, tSrK, tSrQ[None, None, None, b], True)
+            warpgroup_gemm(mma_s, acc_dp, tPrV, tPrdO[None, None, None, b], True)
+            lse = rows_cols(tSsLSE[None, None, None, b])
+            dsum = rows_cols(tSsD[None, None, None, b])
+            # P^T (while dP^T is computed), then dS^T; blocks on an edge also mask.
             mask = self.on_edge(key0, q0, seq, window_left, window_right)
-            rows = (self._query_rows(mLSE, seq, head, batch), self._query_rows(mD, seq, head, batch))
-            if mask:
-                self.probabilities(acc_s, acc_dp, coords, rows, scale_log2, softcap_prescale,
-                                   key0, q0, seq, window_left, window_right, True)
-            else:
-                self.probabilities(acc_s, acc_dp, coords, rows, scale_log2, softcap_prescale,
-                                   key0, q0, seq, window_left, window_right, False)
-            convert_pairs(as_operand_a(acc_s), tVrP)
-            warpgroup_gemm(mma_kv, acc_dv, tVrP, tVrdO[None, None, None, state.index], False)
-            convert_pairs(as_operand_a(acc_dp), tKrdS)
-            warpgroup_gemm(mma_kv, acc_dk, tKrdS, tKrQ[None, None, None, state.index], False)
-            # dS^T to shared memory (this warpgroup's keys), then its share of dQ = dS K.
-            cute.autovec_copy(tKrdS, as_operand_a(tSsdS))
-            cute.arch.fence_view_async_shared()
-            cute.arch.barrier(barrier_id=int(AttentionBwdBarrier.DS_READY) + wg, number_of_threads=128)
-            for h in cutlass.range_constexpr(self.dq_parts):
-                acc_dq = cute.make_rmem_tensor(dq_ops.partition_shape_C((tm, dn)), Float32)
-                warpgroup_gemm(mma_dq, acc_dq, tQrdS, tQrK[h], True)
+            if const_expr(cfg.softcap):
                 warpgroup.wait_group(0)
-                if const_expr(h == 0):
-                    pipe_qdo.consumer_release(state)
-                self.add_dq_share(acc_dq, tQsdQ[h], wg, h == 0, h == self.dq_parts - 1)
+                self.softcap_probabilities(acc_s, acc_dp, coords, lse, dsum, scale_log2,
+                                           softcap_prescale, key0, q0, seq, window_left,
+                                           window_right)
+            else:
+                warpgroup.wait_group(1)
+                if mask:
+                    self.probabilities(acc_s, coords, lse, scale_log2, key0, q0, seq,
+                                       window_left, window_right, True)
+                else:
+                    self.probabilities(acc_s, coords, lse, scale_log2, key0, q0, seq,
+                                       window_left, window_right, False)
+                warpgroup.wait_group(0)
+                self.score_gradients(acc_s, acc_dp, dsum)
+            convert_pairs(as_operand_a(acc_s), tVrP)
+            warpgroup_gemm(mma_kv, acc_dv, tVrP, tVrdO[None, None, None, b], False)
+            convert_pairs(as_operand_a(acc_dp), tKrdS)
+            # dS^T to shared memory (this warpgroup's keys); once both halves are in, this
+            # warpgroup's half of dQ = dS K over all the CTA's keys.
+            cute.autovec_copy(tKrdS, as_operand_a(tSsdS[None, None, None, b]))
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=ds_ready, number_of_threads=256)
+            if const_expr(self.dq_wgs == 2) or wg == 0:
+                acc_dq = cute.make_rmem_tensor(dq_ops.partition_shape_C((tm, self.dq_cols)), Float32)
+                warpgroup_gemm(mma_dq, acc_dq, tQrdS[None, None, None, b], tQrK, True)
+                warpgroup_gemm(mma_kv, acc_dk, tKrdS, tKrQ[None, None, None, b], False)
+                warpgroup.wait_group(1)  # dV and dQ done, dK in flight
+                cute.arch.barrier(barrier_id=dq_empty, number_of_threads=160)
+                cute.autovec_copy(acc_dq, tQsdQ)
+                cute.arch.fence_view_async_shared()
+                cute.arch.barrier_arrive(barrier_id=dq_full, number_of_threads=160)
+            else:
+                warpgroup_gemm(mma_kv, acc_dk, tKrdS, tKrQ[None, None, None, b], False)
+            warpgroup.wait_group(0)
+            pipe_qdo.consumer_release(state)
             state.advance()
         # dK, dV out (softmax scale on dK; dQ's comes with the accumulator's final scaling).
         for j in cutlass.range(cute.size(acc_dk), unroll_full=True):
             acc_dk[j] = acc_dk[j] * dk_scale
         self.store_kv(mma_kv, acc_dk, mdK, seq, n_block, head_kv, batch, wg, tidx)
         self.store_kv(mma_kv, acc_dv, mdV, seq, n_block, head_kv, batch, wg, tidx)
-
-    def _query_rows(self, t, seq, head, batch):
-        """One head's per-query values (LSE or D) of this sequence, indexed by query row."""
-        if const_expr(self.config.varlen):
-            return cute.domain_offset((seq.offset_q,), t[None, head])
-        return t[None, head, batch]
-
-    @cute.jit
-    def add_dq_share(self, acc_dq, tQsdQ, wg, first: cutlass.Constexpr, last: cutlass.Constexpr):
-        """Sum the two warpgroups' dQ shares (one column part of them) in the shared fp32 tile
-        and hand it to the reduce warp: warpgroup 0 writes once the reduce warp has read the
-        previous tile, warpgroup 1 adds its share (the two hold the same positions) and, after
-        the last part, releases the tile."""
-        half = int(AttentionBwdBarrier.DQ_HALF)
-        if wg == 0:
-            if const_expr(first):
-                cute.arch.barrier(barrier_id=int(AttentionBwdBarrier.DQ_EMPTY), number_of_threads=160)
-            cute.autovec_copy(acc_dq, tQsdQ)
-            if const_expr(last):
-                cute.arch.barrier_arrive(barrier_id=half, number_of_threads=256)
-        else:
-            if const_expr(first):
-                cute.arch.barrier(barrier_id=half, number_of_threads=256)
-            for j in cutlass.range(cute.size(acc_dq), unroll_full=True):
-                tQsdQ[j] = tQsdQ[j] + acc_dq[j]
-            if const_expr(last):
-                cute.arch.fence_view_async_shared()
-                cute.arch.barrier_arrive(barrier_id=int(AttentionBwdBarrier.DQ_FULL), number_of_threads=160)
 
     @cute.jit
     def on_edge(self, key0, q0, seq, window_left, window_right):
@@ -397,40 +438,60 @@ class FlashAttnBwdSm90:
         return edge
 
     @cute.jit
-    def probabilities(self, acc_s, acc_dp, coords, rows, scale_log2, softcap_prescale, key0, q0,
-                      seq, window_left, window_right, mask: cutlass.Constexpr):
-        """P^T = exp2(S^T * scale * log2 e - LSE * log2 e) into ``acc_s`` and dS^T = P^T (dP^T - D)
-        (times 1 - tanh^2 with softcap) into ``acc_dp``; with ``mask``, -inf scores where key
-        (row) and query (column) may not meet."""
-        s, dp = rows_cols(acc_s), rows_cols(acc_dp)
-        offset = seq.seqlen_k - seq.seqlen_q
-        lse_rows, d_rows = rows
-        if const_expr(self.config.softcap):  # in place first: no third value live per score
-            for j in cutlass.range(cute.size(acc_s), unroll_full=True):
-                acc_s[j] = cute.math.tanh(acc_s[j] * softcap_prescale, fastmath=True)
+    def _visible(self, score, key, q, seq, window_left, window_right):
+        """``score``, or -inf where key and query may not meet (past either sequence's end, or
+        outside the query's window)."""
+        ok = key < seq.seqlen_k and q < seq.seqlen_q
+        if const_expr(self.config.local):
+            offset = seq.seqlen_k - seq.seqlen_q
+            ok = ok and key <= q + offset + window_right and key >= q + offset - window_left
+        return score if ok else -Float32.inf
+
+    @cute.jit
+    def probabilities(self, acc_s, coords, lse, scale_log2, key0, q0, seq, window_left,
+                      window_right, mask: cutlass.Constexpr):
+        """P^T = exp2(S^T * scale * log2 e - LSE * log2 e) in place of S^T; with ``mask``, 0
+        where key (row) and query (column) may not meet. Query rows past the sequence hold
+        any finite LSE (TMA fills zeros past the tensor): they are masked."""
+        s = rows_cols(acc_s)
         for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
-            # This column's query: its LSE (+inf past the sequence, so P = 0) and D.
             q = q0 + coords[0, c][1]
-            row = cutlass.min(q, seq.seqlen_q - 1)
-            lse = lse_rows[row]
-            dsum = d_rows[row]
-            if q >= seq.seqlen_q:
-                lse = Float32.inf
+            row_lse = lse[0, c]
             for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-                key = key0 + coords[r, 0][0]
-                capped = s[r, c]
-                score = capped
+                score = s[r, c]
                 if const_expr(mask):
-                    ok = key < seq.seqlen_k and q < seq.seqlen_q
-                    if const_expr(self.config.local):
-                        ok = ok and key <= q + offset + window_right and key >= q + offset - window_left
-                    score = score if ok else -Float32.inf
-                p = cute.math.exp2(score * scale_log2 - lse, fastmath=True)
-                ds = p * (dp[r, c] - dsum)
-                if const_expr(self.config.softcap):
-                    ds = ds * (Float32(1.0) - capped * capped)  # the unmasked tanh: finite
+                    score = self._visible(score, key0 + coords[r, 0][0], q, seq, window_left,
+                                          window_right)
+                s[r, c] = cute.math.exp2(score * scale_log2 - row_lse, fastmath=True)
+
+    @cute.jit
+    def score_gradients(self, acc_p, acc_dp, dsum):
+        """dS^T = P^T (dP^T - D) in place of dP^T."""
+        p, dp = rows_cols(acc_p), rows_cols(acc_dp)
+        for c in cutlass.range_constexpr(cute.size(p, mode=[1])):
+            row_d = dsum[0, c]
+            for r in cutlass.range_constexpr(cute.size(p, mode=[0])):
+                dp[r, c] = p[r, c] * (dp[r, c] - row_d)
+
+    @cute.jit
+    def softcap_probabilities(self, acc_s, acc_dp, coords, lse, dsum, scale_log2,
+                              softcap_prescale, key0, q0, seq, window_left, window_right):
+        """Softcap: P^T from the capped scores (tanh(S^T * scale / cap) * cap) and dS^T times
+        the tanh's derivative, in one pass (the tanh is needed by both); always masked."""
+        s, dp = rows_cols(acc_s), rows_cols(acc_dp)
+        for j in cutlass.range(cute.size(acc_s), unroll_full=True):
+            acc_s[j] = cute.math.tanh(acc_s[j] * softcap_prescale, fastmath=True)
+        for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
+            q = q0 + coords[0, c][1]
+            row_lse, row_d = lse[0, c], dsum[0, c]
+            for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+                capped = s[r, c]
+                score = self._visible(capped, key0 + coords[r, 0][0], q, seq, window_left,
+                                      window_right)
+                p = cute.math.exp2(score * scale_log2 - row_lse, fastmath=True)
                 s[r, c] = p
-                dp[r, c] = ds
+                # the unmasked tanh: finite
+                dp[r, c] = p * (dp[r, c] - row_d) * (Float32(1.0) - capped * capped)
 
     @cute.jit
     def store_kv(self, mma_kv, acc, mOut, seq, n_block, head_kv, batch, wg, tidx):

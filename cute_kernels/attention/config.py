@@ -104,10 +104,9 @@ class AttentionBwdConfig:
 
 
 BWD_HEAD_DIMS = (64, 96, 128)
-# Softcap's backward keeps the tanh of every score next to P and dP: at head dims 96 and 128
-# (with the dK and dV accumulators, 96-128 fp32 per thread) ptxas spills, so it is refused there
-# for now.
-BWD_SOFTCAP_HEAD_DIMS = (64,)
+# Softcap's backward keeps the tanh of every score next to P and dP: at head dim 128 (with the
+# dK and dV accumulators, 128 fp32 per thread) ptxas spills, so it is refused there for now.
+BWD_SOFTCAP_HEAD_DIMS = (64, 96)
 
 
 def bwd_supported(head_dim: int, softcap: bool) -> bool:

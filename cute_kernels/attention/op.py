@@ -46,12 +46,26 @@ def bwd_kernel_specs(dtype: str, head_dim: int, varlen: bool) -> tuple:
     """The argument signature of the backward kernel (``FlashAttnBwdSm90.__call__``)."""
     qkv = _qkv_spec(dtype, head_dim, varlen)
     rank = 3 if varlen else 4
-    rows = TensorSpec("float32", (Sym(),) * (rank - 1), (Sym(),) * (rank - 2) + (1,), 4)
+    # LSE and D rows: read by TMA, so every stride but the rows' on 16 bytes
+    rows = TensorSpec("float32", (Sym(),) * (rank - 1), (Sym(divisibility=4),) * (rank - 2) + (1,), 16)
     dq = TensorSpec("float32", (Sym(),) * (rank - 1) + (head_dim,),
                     (Sym(divisibility=4),) * (rank - 1) + (1,), 16)
     cu = TensorSpec("int32", (Sym(),), (1,), 4) if varlen else None
     scalars = tuple(ScalarSpec(t) for t in ("float32", "float32", "float32", "int32", "int32", "int32"))
     return (qkv, qkv, qkv, qkv, rows, rows, dq, qkv, qkv, cu, cu) + scalars + (StreamSpec(),)
+
+
+def row_dot_config(head_dim: int):
+    """The preprocess kernel's row tiling: rows of ``head_dim`` 16-bit values, two held."""
+    from ..rowwise.config import row_config
+
+    return row_config(head_dim, 8, 2, tensors_held=2)
+
+
+def row_dot_specs(dtype: str, head_dim: int) -> tuple:
+    """The argument signature of the preprocess kernel (``RowDotSm90.__call__``)."""
+    rows = TensorSpec.rowmajor(dtype, (Sym("m"), head_dim), ALIGN)
+    return (rows, rows, TensorSpec("float32", (Sym("m"),), (1,), 4), StreamSpec())
 
 
 def compile_configurations(quick: bool = False) -> list:
@@ -72,10 +86,15 @@ def compile_configurations(quick: bool = False) -> list:
     bwd = all_bwd_configs()
     if quick:
         bwd = [c for c in bwd if c.head_dim == 128 and not c.softcap and not c.varlen]
+    from .preprocess import RowDotSm90
+
+    dims = (128,) if quick else BWD_HEAD_DIMS
     return ([(FlashAttnFwdSm90, cfg, kernel_specs(dtype, cfg.head_dim, cfg.varlen))
              for cfg in configs for dtype in dtypes]
             + [(FlashAttnBwdSm90, cfg, bwd_kernel_specs(dtype, cfg.head_dim, cfg.varlen))
-               for cfg in bwd for dtype in dtypes])
+               for cfg in bwd for dtype in dtypes]
+            + [(RowDotSm90, row_dot_config(d), row_dot_specs(dtype, d))
+               for d in dims for dtype in dtypes])
 
 
 def self_checks():
@@ -161,14 +180,58 @@ def flash_attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
         scale_log2, prescale = softcap * LOG2_E, softmax_scale / softcap
     else:
         scale_log2, prescale = softmax_scale * LOG2_E, 1.0
-    lse_log2 = torch.where(torch.isneginf(lse), torch.full_like(lse, math.inf), lse * LOG2_E)
-    dsum = dout.float().mul_(out).sum(-1)  # (B, S, H) or (total, H)
-    dsum = dsum.transpose(0, 1) if varlen else dsum.transpose(1, 2)
+    rowsum = _row_dot(out, dout).view(out.shape[:-1])  # (B, S, H) or (total, H)
+    if varlen:
+        lse_log2, dsum = _varlen_rows(lse, rowsum.transpose(0, 1), cu_seqlens_q)
+    else:
+        lse_log2, dsum = _padded_rows(lse), _padded_rows(lse)
+        torch.mul(lse, LOG2_E, out=lse_log2)
+        dsum.copy_(rowsum.transpose(1, 2))
+    lse_log2.masked_fill_(torch.isneginf(lse_log2), math.inf)
     dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    kernel(_aligned(q), _aligned(k), _aligned(v), _aligned(dout), lse_log2, dsum.contiguous(),
+    kernel(_aligned(q), _aligned(k), _aligned(v), _aligned(dout), lse_log2, dsum,
            dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k, scale_log2, prescale, softmax_scale,
            window_left, window_right, max_seqlen_k)
-    dq.copy_(dq_accum.mul_(softmax_scale))
+    torch.mul(dq_accum, softmax_scale, out=dq)
+
+
+def _row_dot(out: torch.Tensor, dout: torch.Tensor) -> torch.Tensor:
+    """D = rowsum(dout * out) in fp32, one value per (token, head) row, by the preprocess kernel."""
+    from .preprocess import RowDotSm90  # the kernel module: imported at the first compile
+
+    head_dim = out.shape[-1]
+    rows_o, rows_do = out.reshape(-1, head_dim), dout.reshape(-1, head_dim)
+    dsum = torch.empty(rows_o.shape[0], dtype=torch.float32, device=out.device)
+    if dsum.numel():
+        kernel = get_kernel(RowDotSm90, row_dot_config(head_dim), row_dot_specs(dtype_name(out.dtype), head_dim))
+        kernel(_aligned(rows_o), _aligned(rows_do), dsum)
+    return dsum
+
+
+def _varlen_rows(lse: torch.Tensor, dsum: torch.Tensor, cu_seqlens_q: torch.Tensor):
+    """lse * log2(e) and D, both (Hq, total_q), laid out as the backward kernel reads them:
+    sequence b's rows from 4 * (cu_seqlens_q[b] // 4 + b) (``bwd_sm90.padded_row_offset``),
+    zeros between sequences (read only as masked rows past a sequence)."""
+    heads, total = lse.shape
+    batches = cu_seqlens_q.shape[0] - 1
+    starts = cu_seqlens_q[:-1].long()
+    shift = (starts // 4 + torch.arange(batches, device=lse.device)) * 4 - starts
+    rows = torch.arange(total, device=lse.device) + torch.repeat_interleave(
+        shift, cu_seqlens_q.diff().long(), output_size=total)
+    width = total + 4 * batches + (-total % 4)  # rows on 16 bytes for TMA
+    lse_rows = torch.zeros(heads, width, dtype=torch.float32, device=lse.device)
+    dsum_rows = torch.zeros(heads, width, dtype=torch.float32, device=lse.device)
+    lse_rows[:, rows] = lse * LOG2_E
+    dsum_rows[:, rows] = dsum
+    return lse_rows, dsum_rows
+
+
+def _padded_rows(like: torch.Tensor) -> torch.Tensor:
+    """An fp32 tensor shaped as ``like`` (the LSE's (..., rows)) whose row stride is a multiple
+    of 4 elements (16 bytes: the backward kernel reads it with TMA)."""
+    rows = like.shape[-1]
+    return torch.empty(*like.shape[:-1], rows + (-rows % 4), dtype=torch.float32,
+                       device=like.device)[..., :rows]
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
@@ -332,7 +395,7 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: flo
       - head dim 64, 96, 128, 192 or 256, the same for q, k and v; fp32 accumulation
       - the head dim contiguous; other strides that are not multiples of 8 elements (or a data
         pointer not on 16 bytes) cost a copy of that tensor
-      - differentiable for head dims 64, 96 and 128 (softcap: 64); with gradients
+      - differentiable for head dims 64, 96 and 128 (softcap: 64, 96); with gradients
         required at another head dim the call raises before running. dQ is summed with atomic
         adds, so gradients are not bit-identical from run to run (no ``deterministic`` mode yet)
     """

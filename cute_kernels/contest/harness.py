@@ -115,9 +115,17 @@ def _read_all(fd: int, sink: list) -> None:
         sink.append(f.read())
 
 
+HIDDEN_PACKAGE = (
+    'raise ImportError("cute_kernels is hidden in this run (--hide-package): a bundled '
+    'submission must not need it")\n')
+
+
 def run_mode(problem: Path, mode: str, submission: Path, secret_seed: int | None = None,
-             timeout: float | None = None, case_timeout: float | None = None) -> RunResult:
-    """One ``eval.py`` process for ``mode`` over the task's tests (test) or benchmarks."""
+             timeout: float | None = None, case_timeout: float | None = None,
+             hide_package: bool = False) -> RunResult:
+    """One ``eval.py`` process for ``mode`` over the task's tests (test) or benchmarks. With
+    ``hide_package`` a ``cute_kernels.py`` that raises ImportError shadows the package in the
+    run folder (first on the path), as on a machine without it."""
     problem = Path(problem).resolve()
     task = read_task(problem)
     cases = task["tests"] if mode == "test" else task["benchmarks"]
@@ -125,6 +133,8 @@ def run_mode(problem: Path, mode: str, submission: Path, secret_seed: int | None
         run_dir = Path(tmp)
         _copy_problem(problem, run_dir, Path(submission).resolve(), task)
         (run_dir / "cases.txt").write_text("".join(format_case(c) + "\n" for c in cases))
+        if hide_package:
+            (run_dir / "cute_kernels.py").write_text(HIDDEN_PACKAGE)
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(run_dir)] + [p for p in sys.path if p])
         try:
@@ -161,18 +171,19 @@ def run_mode(problem: Path, mode: str, submission: Path, secret_seed: int | None
 
 
 def run(problem: Path, mode: str, submission: Path | None = None, secret_seed: int | None = None,
-        timeout: float | None = None, case_timeout: float | None = None) -> list:
+        timeout: float | None = None, case_timeout: float | None = None,
+        hide_package: bool = False) -> list:
     """``test`` or ``benchmark``: one run. ``leaderboard``: test -> benchmark -> leaderboard,
     stopping at the first failure, with the public seeds, then again with a secret seed."""
     problem = Path(problem)
     submission = Path(submission) if submission else problem / "submission.py"
     if mode != "leaderboard":
-        return [run_mode(problem, mode, submission, secret_seed, timeout, case_timeout)]
+        return [run_mode(problem, mode, submission, secret_seed, timeout, case_timeout, hide_package)]
     runs = []
     secret = secret_seed if secret_seed is not None else random.randrange(1, 2**31)
     for seed in (None, secret):
         for step in MODES:
-            result = run_mode(problem, step, submission, seed, timeout, case_timeout)
+            result = run_mode(problem, step, submission, seed, timeout, case_timeout, hide_package)
             runs.append(result)
             if not result.passed:
                 return runs
@@ -229,13 +240,16 @@ def main(argv=None) -> int:
     parser.add_argument("--json", type=Path, help="write the results as JSON here")
     parser.add_argument("--timeout", type=float, help="seconds for each eval.py run")
     parser.add_argument("--case-timeout", type=float, help="seconds for each case")
+    parser.add_argument("--hide-package", action="store_true",
+                        help="make cute_kernels unimportable for the submission (a bundle's run)")
     args = parser.parse_args(argv)
     try:
         task = read_task(args.problem)
     except (OSError, TaskFileError) as exc:
         print(f"cannot read {args.problem}/task.yml: {exc}", file=sys.stderr)
         return 2
-    runs = run(args.problem, args.mode, args.submission, args.seed, args.timeout, args.case_timeout)
+    runs = run(args.problem, args.mode, args.submission, args.seed, args.timeout, args.case_timeout,
+               args.hide_package)
     print(table(runs, task["ranking_by"]))
     if args.json:
         args.json.write_text(json.dumps(report(runs, task["ranking_by"]), indent=1) + "\n")

@@ -42,13 +42,11 @@ class AttentionBarrier(enum.IntEnum):
 class AttentionBwdBarrier(enum.IntEnum):
     """The attention backward's (``attention/bwd_sm90.py``) barriers."""
 
-    # The shared fp32 dQ tile is free again (the reduce warp has read it): 160 threads, MMA
-    # warpgroup 0 waits, the reduce warp arrives.
+    # MMA warpgroup w's fp32 dQ tile is free again (the reduce warp has read it): 160 threads,
+    # the warpgroup waits, the reduce warp arrives. Ids DQ_EMPTY + w.
     DQ_EMPTY = 1
-    # The tile holds both warpgroups' shares: 160 threads, the reduce warp waits, MMA
-    # warpgroup 1 arrives.
-    DQ_FULL = 2
-    # Warpgroup 0's share is in the tile: 256 threads, warpgroup 1 waits.
-    DQ_HALF = 3
-    # Warpgroup w's dS is in shared memory for its dQ GEMM: 128 threads, ``DS_READY + w``.
-    DS_READY = 4
+    # Warpgroup w's dQ tile is written: 160 threads, the reduce warp waits, the warpgroup
+    # arrives. Ids DQ_FULL + w.
+    DQ_FULL = 3
+    # Both warpgroups' dS^T is in shared memory for the dQ GEMMs: 256 threads.
+    DS_READY = 5
