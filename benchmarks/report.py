@@ -29,6 +29,12 @@ def table(rows: list) -> str:
     return "\n".join(lines)
 
 
+def plotted_gpu(results: dict, family: str) -> str | None:
+    """The GPU whose rows a family's plot shows: the first (by file name) that has any (the
+    plots have one file per family)."""
+    return next((gpu for gpu, data in results.items() if any(r["family"] == family for r in data["rows"])), None)
+
+
 def markdown(results: dict) -> str:
     out = []
     for gpu, data in results.items():
@@ -44,7 +50,8 @@ def markdown(results: dict) -> str:
         for family in families:
             out.append(f"\n#### {family}\n")
             out.append(table([r for r in data["rows"] if r["family"] == family]))
-            out.append(f"\n![{family}](benchmarks/plots/{family}.png)")
+            if plotted_gpu(results, family) == gpu:
+                out.append(f"\n![{family}](benchmarks/plots/{family}.png)")
         runtime = data.get("runtime")
         if runtime and "dispatch_us" in runtime:
             d, f = runtime["dispatch_us"], runtime["first_call_s"]
@@ -93,7 +100,9 @@ def _sweep_plots(data: dict, gpu: str, ops: tuple, selected, x_of, xlabel: str, 
 
 def plot_softmax(results: dict) -> None:
     """GB/s against row length at 2^27 elements, forward and backward."""
-    for gpu, data in results.items():
+    gpu = plotted_gpu(results, "softmax")
+    if gpu is not None:
+        data = results[gpu]
         _sweep_plots(data, gpu, ("softmax_fwd", "softmax_bwd"),
                      lambda r: r["family"] == "softmax" and _elements(r["shape"]) == 1 << 27,
                      lambda r: _n(r["shape"]), "N (M = 2^27 / N), bf16", "GB/s (read + written)",
@@ -103,7 +112,9 @@ def plot_softmax(results: dict) -> None:
 def plot_attention(results: dict) -> None:
     """TFLOP/s against sequence length (head dim 128, 16 heads, 16k tokens), without and with a
     causal mask: ours and each peer."""
-    for gpu, data in results.items():
+    gpu = plotted_gpu(results, "attention")
+    if gpu is not None:
+        data = results[gpu]
         _sweep_plots(data, gpu, ("attn_fwd_full", "attn_fwd_causal"),
                      lambda r: r["family"] == "attention" and _attention_sweep(r["shape"]),
                      lambda r: int(r["shape"].split("x")[1]),
@@ -126,6 +137,8 @@ def plot_families(results: dict) -> None:
 
     for gpu, data in results.items():
         for family in sorted({r["family"] for r in data["rows"]} - {"softmax", "attention"}):
+            if plotted_gpu(results, family) != gpu:
+                continue
             rows = [r for r in data["rows"] if r["family"] == family]
             peers = sorted({k for r in rows for k in r["peers"]})
             labels = [f"{r['op']}\n{r['shape']}" for r in rows]

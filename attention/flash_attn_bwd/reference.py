@@ -1,8 +1,6 @@
-"""Reference: the gradients of attention computed by autograd in float32. Correct when each
-gradient is within atol 2e-2 * max|ref| + rtol 5e-2 of it (bf16 inputs and outputs, bf16
-probabilities inside the kernel)."""
-
-import math
+"""Reference: the gradients of attention computed by autograd in float32 (torch's SDPA).
+Correct when each gradient is within atol 2e-2 * max|ref| + rtol 5e-2 of it (bf16 inputs and
+outputs, bf16 probabilities inside the kernel)."""
 
 import torch
 
@@ -29,14 +27,12 @@ def generate_input(batch, seqlen, heads, heads_kv, dim, causal, seed, varlen=0) 
 
 
 def _attention(q, k, v, causal):
-    group = q.shape[2] // k.shape[2]
-    k, v = k.repeat_interleave(group, dim=2), v.repeat_interleave(group, dim=2)
-    scores = torch.einsum("bihd,bjhd->bhij", q, k) / math.sqrt(q.shape[-1])
-    if causal:
-        n = q.shape[1]
-        allowed = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
-        scores = scores.masked_fill(~allowed, float("-inf"))
-    return torch.einsum("bhij,bjhd->bihd", torch.softmax(scores, dim=-1), v)
+    """fp32 attention, (B, S, H, D) in and out (queries and keys of equal length, so the causal
+    mask is the same aligned either way); torch picks its fp32 memory-efficient kernel on the
+    GPU, which keeps the recheck of every leaderboard repeat affordable."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        *(t.transpose(1, 2) for t in (q, k, v)), is_causal=bool(causal), enable_gqa=q.shape[2] != k.shape[2])
+    return out.transpose(1, 2)
 
 
 def ref_kernel(data: input_t) -> output_t:

@@ -57,6 +57,10 @@ from .fragments import as_operand_a, convert_pairs, rows_cols, warpgroup_gemm
 from .mask import Sequence
 
 PRODUCER_REGISTERS, MMA_REGISTERS = 24, 240
+# setmaxnreg moves registers between warpgroups inside the 168 per thread the 384-thread launch
+# gets: the MMA warpgroups' increase waits for registers the producer warpgroup's decrease
+# released, so a split past this budget hangs the kernel.
+assert 128 * PRODUCER_REGISTERS + 256 * MMA_REGISTERS <= 384 * 168
 REDUCE_WARP = 1  # of the producer warpgroup; warp 0 loads
 
 
@@ -256,11 +260,26 @@ class FlashAttnBwdSm90:
         return t[None, None, head, batch]
 
     def _step(self, work, i):
-        """(query head, query block) of step ``i`` of the CTA's walk."""
+        """(query head, query block) of step ``i`` of the CTA's walk, by division (the producer
+        and reduce warps, with registers too few to carry the walk)."""
         seq, n_block, head_kv, batch, group, m_min, m_max, steps = work
         count = m_max - m_min
         g = i // count
         return head_kv * group + g, m_min + i - g * count
+
+    def _first_step(self, work):
+        """(query head, query block) of the CTA's first step: it walks the query blocks
+        m_min .. m_max - 1 of each query head of its group in turn."""
+        seq, n_block, head_kv, batch, group, m_min, m_max, steps = work
+        return head_kv * group, m_min
+
+    def _next_step(self, work, head, m_block):
+        """The step after (head, m_block), by counting (the MMA warpgroups: no division on
+        their path)."""
+        seq, n_block, head_kv, batch, group, m_min, m_max, steps = work
+        m_block = m_block + 1
+        wrap = m_block == m_max
+        return cutlass.select_(wrap, head + 1, head), cutlass.select_(wrap, m_min, m_block)
 
     @cute.jit
     def load(self, tma_q, tma_do, tma_k, tma_v, tma_lse, tma_dsum, mQ, mdO, mK, mV, mLSE, mD,
@@ -370,8 +389,8 @@ class FlashAttnBwdSm90:
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_kv.consumer_wait(kv_state)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, st)
-        for i in range(steps):
-            head, m_block = self._step(work, i)
+        head, m_block = self._first_step(work)
+        for _ in range(steps):
             q0 = m_block * tm
             b = state.index
             pipe_qdo.consumer_wait(state)
@@ -420,6 +439,7 @@ class FlashAttnBwdSm90:
             warpgroup.wait_group(0)
             pipe_qdo.consumer_release(state)
             state.advance()
+            head, m_block = self._next_step(work, head, m_block)
         # dK, dV out (softmax scale on dK; dQ's comes with the accumulator's final scaling).
         for j in cutlass.range(cute.size(acc_dk), unroll_full=True):
             acc_dk[j] = acc_dk[j] * dk_scale
