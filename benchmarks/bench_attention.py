@@ -104,9 +104,10 @@ def run_case(results, peer_fns, batch, seqlen, heads, heads_kv, dim, causal, dty
 
 
 def run_backward(results, peer_fns, batch, seqlen, heads, heads_kv, dim, causal,
-                 dtype=torch.bfloat16, with_forward=False):
+                 dtype=torch.bfloat16, with_forward=False, deterministic=False):
     """Backward through autograd (dQ, dK, dV), TFLOP/s counted as 2.5x the forward's; with
-    ``with_forward``, forward and backward together (3.5x)."""
+    ``with_forward``, forward and backward together (3.5x). ``deterministic``: ours with
+    ``deterministic=True`` (the peers as they are; compare with the row without it)."""
     def make():
         q = torch.randn(batch, seqlen, heads, dim, device="cuda", dtype=dtype)
         k = torch.randn(batch, seqlen, heads_kv, dim, device="cuda", dtype=dtype)
@@ -115,7 +116,7 @@ def run_backward(results, peer_fns, batch, seqlen, heads, heads_kv, dim, causal,
     size = torch.tensor([], dtype=dtype).element_size()
     sets = make_input_sets(make, batch * seqlen * (2 * heads + 2 * heads_kv) * dim * size)
     flops = (3.5 if with_forward else 2.5) * 4 * batch * heads * seqlen * seqlen * dim / (2 if causal else 1)
-    attend = {"ours": lambda q, k, v: ck.flash_attn(q, k, v, causal=causal)}
+    attend = {"ours": lambda q, k, v: ck.flash_attn(q, k, v, causal=causal, deterministic=deterministic)}
     for name, fn in peer_fns.items():
         attend[name] = (lambda f: lambda q, k, v: f(q, k, v, causal))(fn)
     wrap = forward_backward if with_forward else autograd_grad
@@ -124,7 +125,7 @@ def run_backward(results, peer_fns, batch, seqlen, heads, heads_kv, dim, causal,
     ms = bench_many(cands, sets)
     rates = {k: tflops(flops, v) for k, v in ms.items()}
     tag = "causal" if causal else "full"
-    label = "attn_fwd_bwd" if with_forward else "attn_bwd"
+    label = ("attn_fwd_bwd" if with_forward else "attn_bwd") + ("_deterministic" if deterministic else "")
     results.add("attention", f"{label}_{tag}", (batch, seqlen, heads, heads_kv, dim), dtype,
                 "TFLOPs", rates.pop("ours"), rates, ms=round(ms["ours"], 4))
 
@@ -145,6 +146,8 @@ def backward_rows(results, peer_fns, quick):
             run_backward(results, peer_fns, TOKENS // seqlen, seqlen, 16, 16, 128, causal)
     for causal in (False, True):
         run_backward(results, peer_fns, 4, 4096, 16, 16, 64, causal)
+    for causal in (False, True):
+        run_backward(results, peer_fns, 4, 4096, 16, 16, 128, causal, deterministic=True)
     # one GPT-style attention layer (GQA), forward and backward
     run_backward(results, peer_fns, 4, 4096, 32, 8, 128, True, with_forward=True)
     if not quick:

@@ -272,6 +272,46 @@ def test_backward_varlen(kw):
 
 
 @gpu
+@pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (100, 30)}])
+@pytest.mark.parametrize("sq,sk", [(1000, 1000), (300, 1100), (1100, 300)])
+def test_backward_deterministic_is_bit_identical_and_correct(kw, sq, sk):
+    q, k, v = qkv(2, sq, sk, 4, 2, 128)
+    dout = torch.randn_like(q)
+    runs = [grads(lambda *t: ck.flash_attn(*t, deterministic=True, **kw), q, k, v, dout) for _ in range(3)]
+    for later in runs[1:]:
+        for name, a, b in zip(("dq", "dk", "dv"), runs[0], later):
+            assert torch.equal(a, b), name
+    ref = grads(lambda *t: attention_ref(*t, **kw)[0], q.double(), k.double(), v.double(), dout.double())
+    lowp = grads(lambda *t: lowp_ref(*t, **kw), q, k, v, dout)
+    for name, a, r, lp in zip(("dq", "dk", "dv"), runs[0], ref, lowp):
+        err, torch_err = (a.double() - r).abs().max().item(), (lp.double() - r).abs().max().item()
+        assert err <= 2 * torch_err + 1e-3, f"{name}: error {err:.3e} vs torch's {torch_err:.3e}"
+
+
+@gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_backward_varlen_deterministic_is_bit_identical(causal):
+    lens_q, lens_k = [5, 0, 700, 128, 1, 300], [7, 3, 700, 0, 200, 900]
+    cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).int()
+    cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).int()
+    q = torch.randn(sum(lens_q), 4, 64, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(sum(lens_k), 1, 64, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    dout = torch.randn_like(q)
+
+    def attend(*t):
+        return ck.flash_attn_varlen(*t, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
+                                    deterministic=True)
+
+    first, second = grads(attend, q, k, v, dout), grads(attend, q, k, v, dout)
+    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    ref = grads(lambda *t: attention_varlen_ref(*t, cu_q, cu_k, causal=causal)[0], q.double(),
+                k.double(), v.double(), dout.double())
+    for name, a, r in zip(("dq", "dk", "dv"), first, ref):
+        assert (a.double() - r).abs().max().item() <= 2e-2 * r.abs().max().item() + 1e-3, name
+
+
+@gpu
 def test_backward_gradient_buffers_poisoned_with_nan_are_fully_written():
     from cute_kernels.attention.op import flash_attn_bwd
 
@@ -279,7 +319,8 @@ def test_backward_gradient_buffers_poisoned_with_nan_are_fully_written():
     out, lse = ck.flash_attn(q, k, v, causal=True, return_lse=True)
     dout = torch.randn_like(out)
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
-    flash_attn_bwd(dout, q, k, v, out, lse, dq, dk, dv, None, None, 150, 0.1, True, 350, 0, 0.0)
+    flash_attn_bwd(dout, q, k, v, out, lse, dq, dk, dv, None, None, 200, 150, 0.1, True, 350, 0, 0.0,
+                   False)
     assert not (dq.isnan().any() or dk.isnan().any() or dv.isnan().any())
 
 

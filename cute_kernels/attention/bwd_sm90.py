@@ -36,7 +36,9 @@ Constraints:
   - head dim 64, 96 or 128 (softcap: 64, 96); tile_m 64, tile_n 128 (two MMA warpgroups of 64
     keys)
   - strides as the forward's (head dim contiguous, the rest multiples of 16 bytes)
-  - dQ is summed with atomic bulk adds: not bit-reproducible from run to run
+  - dQ is summed with atomic bulk adds: bit-reproducible from run to run only with
+    ``deterministic`` (then the reduce warp of each CTA waits on a per-(sequence, head, query
+    block) int32 semaphore, zeroed by the caller, for its turn: ``_rank``)
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ class FlashAttnBwdSm90:
         return cute.tile_to_shape(atom, shape, order=order)
 
     @cute.jit
-    def __call__(self, mQ, mK, mV, mdO, mLSE, mD, mdQ, mdK, mdV, mCuSeqlensQ, mCuSeqlensK,
+    def __call__(self, mQ, mK, mV, mdO, mLSE, mD, mdQ, mdK, mdV, mCuSeqlensQ, mCuSeqlensK, mSem,
                  scale_log2: Float32, softcap_prescale: Float32, dk_scale: Float32,
                  window_left: Int32, window_right: Int32, max_seqlen_k: Int32, stream):
         cfg = self.config
@@ -168,7 +170,7 @@ class FlashAttnBwdSm90:
         self.kernel(
             tma_q, tma_tensor_q, tma_do, tma_tensor_do, tma_k, tma_tensor_k, tma_v, tma_tensor_v,
             tma_lse, tma_tensor_lse, tma_dsum, tma_tensor_dsum, tma_dq, tma_tensor_dq, dk, dv,
-            mCuSeqlensQ, mCuSeqlensK, q.shape[0], k.shape[0], heads, heads_kv, scale_log2,
+            mCuSeqlensQ, mCuSeqlensK, mSem, q.shape[0], k.shape[0], heads, heads_kv, scale_log2,
             softcap_prescale, dk_scale, window_left, window_right, self.sQ_layout,
             self.sK_layout, self.sdS_layout, self.sdQ_layout, self.mma_s, self.mma_kv,
             self.mma_dq,
@@ -178,7 +180,7 @@ class FlashAttnBwdSm90:
 
     @cute.kernel
     def kernel(self, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE, tma_dsum, mD,
-               tma_dq, mdQ, mdK, mdV, mCuSeqlensQ, mCuSeqlensK, seqlen_q_static: Int32,
+               tma_dq, mdQ, mdK, mdV, mCuSeqlensQ, mCuSeqlensK, mSem, seqlen_q_static: Int32,
                seqlen_k_static: Int32, heads: Int32, heads_kv: Int32, scale_log2: Float32,
                softcap_prescale: Float32, dk_scale: Float32, window_left: Int32,
                window_right: Int32, sQ_layout: cute.ComposedLayout,
@@ -227,7 +229,7 @@ class FlashAttnBwdSm90:
                     self.load(tma_q, tma_do, tma_k, tma_v, tma_lse, tma_dsum, mQ, mdO, mK, mV,
                               mLSE, mD, sQ, sdO, sK, sV, sLSE, sD, pipe_kv, pipe_qdo, work)
                 elif warp == REDUCE_WARP:
-                    self.reduce_dq(tma_dq, mdQ, sdQ, work)
+                    self.reduce_dq(tma_dq, mdQ, sdQ, mSem, work, window_right)
             else:
                 cute.arch.setmaxregister_increase(MMA_REGISTERS)
                 self.mma(mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, mdK, mdV,
@@ -259,27 +261,72 @@ class FlashAttnBwdSm90:
             return t[None, head, batch]
         return t[None, None, head, batch]
 
+    def _rotated(self) -> bool:
+        """Deterministic without a mask: key block n starts its walk of every head at query
+        block n (mod the count), so that the CTAs reach each query block one step apart, in
+        the order its dQ is summed (``_rank``) -- no CTA waits for one that is far behind."""
+        return const_expr(self.config.deterministic and not self.config.local)
+
     def _step(self, work, i):
         """(query head, query block) of step ``i`` of the CTA's walk, by division (the producer
         and reduce warps, with registers too few to carry the walk)."""
         seq, n_block, head_kv, batch, group, m_min, m_max, steps = work
         count = m_max - m_min
         g = i // count
-        return head_kv * group + g, m_min + i - g * count
+        r = i - g * count
+        if const_expr(self._rotated()):
+            r = (r + n_block) % count
+        return head_kv * group + g, m_min + r
 
     def _first_step(self, work):
-        """(query head, query block) of the CTA's first step: it walks the query blocks
-        m_min .. m_max - 1 of each query head of its group in turn."""
+        """(query head, query block, steps left in this head) of the CTA's first step: it walks
+        the query blocks m_min .. m_max - 1 of each query head of its group in turn."""
         seq, n_block, head_kv, batch, group, m_min, m_max, steps = work
-        return head_kv * group, m_min
+        count = m_max - m_min
+        m_block = m_min
+        if const_expr(self._rotated()):
+            m_block = m_min + n_block % count
+        return head_kv * group, m_block, count
 
-    def _next_step(self, work, head, m_block):
+    def _next_step(self, work, head, m_block, left):
         """The step after (head, m_block), by counting (the MMA warpgroups: no division on
         their path)."""
         seq, n_block, head_kv, batch, group, m_min, m_max, steps = work
         m_block = m_block + 1
-        wrap = m_block == m_max
-        return cutlass.select_(wrap, head + 1, head), cutlass.select_(wrap, m_min, m_block)
+        m_block = cutlass.select_(m_block == m_max, m_min, m_block)
+        left = left - 1
+        done = left == 0
+        return (cutlass.select_(done, head + 1, head), m_block,
+                cutlass.select_(done, m_max - m_min, left))
+
+    @cute.jit
+    def _rank(self, seq, n_block, m_block, m_min, m_max, window_right):
+        """Deterministic: how many key blocks add their share of query block ``m_block``'s dQ
+        before this one. Masked (causal, local): in descending key-block order, the order in
+        which the CTAs reach it (a later key block starts at a later query block); unmasked:
+        in the order of the rotated walks (``_rotated``), or ascending key blocks when there
+        are more key blocks than query blocks."""
+        tm, tn = self.tile_m, self.tile_n
+        n_blocks = cute.ceil_div(seq.seqlen_k, tn)
+        rank = n_block
+        if const_expr(self.config.local):
+            # the last key block whose walk includes m_block (query block m sees keys below
+            # (m + 1) * tile_m + Sk - Sq + right)
+            reach = (m_block + 1) * tm + seq.seqlen_k - seq.seqlen_q + window_right
+            last = cutlass.min(cute.ceil_div(cutlass.max(reach, 1), tn), n_blocks) - 1
+            rank = last - n_block
+        else:
+            count = m_max - m_min
+            if n_blocks <= count:
+                # key blocks reach m_block in the order of (m_block - n) mod count: the
+                # earlier ones are n = m_block, m_block - 1, ... (cyclically) below n_blocks
+                t = (m_block - m_min - n_block + count) % count
+                m = m_block - m_min
+                lo = m - t + 1
+                rank = cutlass.max(cutlass.min(m, n_blocks - 1) - cutlass.max(lo, 0) + 1, 0)
+                if lo < 0:
+                    rank = rank + cutlass.max(n_blocks - (count + lo), 0)
+        return rank
 
     @cute.jit
     def load(self, tma_q, tma_do, tma_k, tma_v, tma_lse, tma_dsum, mQ, mdO, mK, mV, mLSE, mD,
@@ -318,10 +365,14 @@ class FlashAttnBwdSm90:
             state.advance()
 
     @cute.jit
-    def reduce_dq(self, tma_dq, mdQ, sdQ, work):
+    def reduce_dq(self, tma_dq, mdQ, sdQ, mSem, work, window_right):
         """Reduce warp: add each step's dQ tiles (shared, fp32; one per dQ warpgroup) into the
-        global accumulator, each as soon as its warpgroup has written it."""
+        global accumulator, each as soon as its warpgroup has written it. Deterministic: first
+        wait until the query block's semaphore counts this CTA's rank (acquire), and count it
+        up (release) once the adds are complete, so every dQ element sums its key blocks in
+        one fixed order."""
         seq, n_block, head_kv, batch, group, m_min, m_max, steps = work
+        lane = cute.arch.lane_idx()
         full, empty = int(AttentionBwdBarrier.DQ_FULL), int(AttentionBwdBarrier.DQ_EMPTY)
         for w in cutlass.range_constexpr(self.dq_wgs):  # the tiles start free
             cute.arch.barrier_arrive(barrier_id=empty + w, number_of_threads=160)
@@ -330,12 +381,24 @@ class FlashAttnBwdSm90:
             head, m_block = self._step(work, i)
             gdQ = cute.local_tile(self._rows(mdQ, seq.offset_q, head, batch),
                                   (self.tile_m, self.dq_cols), (m_block, None))
+            if const_expr(self.config.deterministic):
+                flag = mSem.iterator + ((batch * mSem.shape[1] + head) * mSem.shape[2] + m_block)
+                if lane == 0:
+                    rank = self._rank(seq, n_block, m_block, m_min, m_max, window_right)
+                    while cute.arch.load(flag, Int32, sem="acquire", scope="gpu") != rank:
+                        pass
+                cute.arch.sync_warp()
             for w in cutlass.range_constexpr(self.dq_wgs):
                 tsdQ, tgdQ = cpasync.tma_partition(
                     tma_dq, 0, one, cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2))
                 cute.arch.barrier(barrier_id=full + w, number_of_threads=160)
                 cute.copy(tma_dq, tsdQ[None, w], tgdQ[None, w])
                 cute.arch.cp_async_bulk_commit_group()
+            if const_expr(self.config.deterministic):
+                cute.arch.cp_async_bulk_wait_group(0, read=False)  # the adds are done
+                if lane == 0:
+                    cute.arch.atomic_add(flag, Int32(1), sem="release", scope="gpu")
+                cute.arch.sync_warp()
             for w in cutlass.range_constexpr(self.dq_wgs):
                 cute.arch.cp_async_bulk_wait_group(self.dq_wgs - 1 - w, read=True)
                 cute.arch.barrier_arrive(barrier_id=empty + w, number_of_threads=160)
@@ -389,7 +452,7 @@ class FlashAttnBwdSm90:
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_kv.consumer_wait(kv_state)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, st)
-        head, m_block = self._first_step(work)
+        head, m_block, left = self._first_step(work)
         for _ in range(steps):
             q0 = m_block * tm
             b = state.index
@@ -439,7 +502,7 @@ class FlashAttnBwdSm90:
             warpgroup.wait_group(0)
             pipe_qdo.consumer_release(state)
             state.advance()
-            head, m_block = self._next_step(work, head, m_block)
+            head, m_block, left = self._next_step(work, head, m_block, left)
         # dK, dV out (softmax scale on dK; dQ's comes with the accumulator's final scaling).
         for j in cutlass.range(cute.size(acc_dk), unroll_full=True):
             acc_dk[j] = acc_dk[j] * dk_scale

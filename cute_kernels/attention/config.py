@@ -101,6 +101,7 @@ class AttentionBwdConfig:
     local: bool = False
     softcap: bool = False
     varlen: bool = False
+    deterministic: bool = False  # dQ summed in a fixed key-block order (semaphores)
 
 
 BWD_HEAD_DIMS = (64, 96, 128)
@@ -113,12 +114,14 @@ def bwd_supported(head_dim: int, softcap: bool) -> bool:
     return head_dim in (BWD_SOFTCAP_HEAD_DIMS if softcap else BWD_HEAD_DIMS)
 
 
-def attention_bwd_config(head_dim: int, *, local: bool, softcap: bool, varlen: bool) -> AttentionBwdConfig:
-    return AttentionBwdConfig(head_dim, local=local, softcap=softcap, varlen=varlen)
+def attention_bwd_config(head_dim: int, *, local: bool, softcap: bool, varlen: bool,
+                         deterministic: bool = False) -> AttentionBwdConfig:
+    return AttentionBwdConfig(head_dim, local=local, softcap=softcap, varlen=varlen,
+                              deterministic=deterministic)
 
 
 def all_bwd_configs() -> list[AttentionBwdConfig]:
     """Every backward configuration the op can launch."""
-    return [attention_bwd_config(d, local=local, softcap=softcap, varlen=varlen)
+    return [attention_bwd_config(d, local=local, softcap=softcap, varlen=varlen, deterministic=det)
             for d in BWD_HEAD_DIMS for local in (False, True) for softcap in (False, True)
-            for varlen in (False, True) if bwd_supported(d, softcap)]
+            for varlen in (False, True) for det in (False, True) if bwd_supported(d, softcap)]

@@ -51,8 +51,9 @@ def bwd_kernel_specs(dtype: str, head_dim: int, varlen: bool) -> tuple:
     dq = TensorSpec("float32", (Sym(),) * (rank - 1) + (head_dim,),
                     (Sym(divisibility=4),) * (rank - 1) + (1,), 16)
     cu = TensorSpec("int32", (Sym(),), (1,), 4) if varlen else None
+    semaphores = TensorSpec("int32", (Sym(),) * 3, (Sym(), Sym(), 1), 4)  # (B, Hq, query blocks)
     scalars = tuple(ScalarSpec(t) for t in ("float32", "float32", "float32", "int32", "int32", "int32"))
-    return (qkv, qkv, qkv, qkv, rows, rows, dq, qkv, qkv, cu, cu) + scalars + (StreamSpec(),)
+    return (qkv, qkv, qkv, qkv, rows, rows, dq, qkv, qkv, cu, cu, semaphores) + scalars + (StreamSpec(),)
 
 
 def row_dot_config(head_dim: int):
@@ -164,17 +165,21 @@ def flash_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
 def flash_attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    out: torch.Tensor, lse: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor,
                    dv: torch.Tensor, cu_seqlens_q: torch.Tensor | None,
-                   cu_seqlens_k: torch.Tensor | None, max_seqlen_k: int, softmax_scale: float,
-                   local: bool, window_left: int, window_right: int, softcap: float) -> None:
+                   cu_seqlens_k: torch.Tensor | None, max_seqlen_q: int, max_seqlen_k: int,
+                   softmax_scale: float, local: bool, window_left: int, window_right: int,
+                   softcap: float, deterministic: bool) -> None:
     """dq, dk, dv of :func:`flash_attn_fwd` for validated inputs (its layouts and options).
 
     D = rowsum(dO * O) and the LSE in log2 units (+inf for rows that saw no key) are prepared
-    here, the kernel adds dQ into a zeroed fp32 accumulator, which is scaled into ``dq``."""
+    here, the kernel adds dQ into a zeroed fp32 accumulator, which is scaled into ``dq``.
+    ``deterministic``: the adds go in a fixed order, through one zeroed int32 semaphore per
+    (sequence, query head, block of 64 queries)."""
     from .bwd_sm90 import FlashAttnBwdSm90  # the kernel module: imported at the first compile
 
     varlen = cu_seqlens_q is not None
     head_dim = q.shape[-1]
-    config = attention_bwd_config(head_dim, local=local, softcap=softcap > 0, varlen=varlen)
+    config = attention_bwd_config(head_dim, local=local, softcap=softcap > 0, varlen=varlen,
+                                  deterministic=deterministic)
     kernel = get_kernel(FlashAttnBwdSm90, config, bwd_kernel_specs(dtype_name(q.dtype), head_dim, varlen))
     if softcap > 0:
         scale_log2, prescale = softcap * LOG2_E, softmax_scale / softcap
@@ -189,9 +194,15 @@ def flash_attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
         dsum.copy_(rowsum.transpose(1, 2))
     lse_log2.masked_fill_(torch.isneginf(lse_log2), math.inf)
     dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    if deterministic:
+        batches = cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0]
+        semaphores = torch.zeros(batches, q.shape[-2], -(-max_seqlen_q // config.tile_m),
+                                 dtype=torch.int32, device=q.device)
+    else:
+        semaphores = torch.empty(1, 1, 1, dtype=torch.int32, device=q.device)
     kernel(_aligned(q), _aligned(k), _aligned(v), _aligned(dout), lse_log2, dsum,
-           dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k, scale_log2, prescale, softmax_scale,
-           window_left, window_right, max_seqlen_k)
+           dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k, semaphores, scale_log2, prescale,
+           softmax_scale, window_left, window_right, max_seqlen_k)
     torch.mul(dq_accum, softmax_scale, out=dq)
 
 
@@ -343,15 +354,15 @@ def _attend(q, k, v, fwd, bwd, softcap, return_lse):
     return (out, lse) if return_lse else out
 
 
-def _batch_backward(q, k, v, out, lse, dout, scale, causal, window_size, softcap):
+def _batch_backward(q, k, v, out, lse, dout, scale, causal, window_size, softcap, deterministic):
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     batch, seqlen_q, heads_q, _ = q.shape
     seqlen_k = k.shape[1]
     if batch == 0 or seqlen_q == 0 or seqlen_k == 0 or heads_q == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     local, left, right = _window(causal, window_size, seqlen_q + seqlen_k)
-    flash_attn_bwd(dout, q, k, v, out, lse, dq, dk, dv, None, None, seqlen_k, scale, local,
-                   left, right, float(softcap))
+    flash_attn_bwd(dout, q, k, v, out, lse, dq, dk, dv, None, None, seqlen_q, seqlen_k, scale,
+                   local, left, right, float(softcap), deterministic)
     return dq, dk, dv
 
 
@@ -385,7 +396,9 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: flo
             -1 leaves a side unbounded. With ``causal`` the right side is 0.
         softcap: > 0 caps the scores: softcap * tanh(score / softcap) (after the scale).
         dropout_p, alibi_slopes: accepted for compatibility; only 0.0 and None.
-        deterministic: accepted for compatibility (the forward is always deterministic).
+        deterministic: the backward sums dQ over key blocks in one fixed order (semaphores
+            between the CTAs of a head), so gradients are bit-identical from run to run; the
+            forward always is. Costs up to ~15% of the backward (benchmarks/NOTES.md).
         return_lse: also return the log-sum-exp of each row's scores, fp32 (B, Hq, Sq).
 
     Returns ``out`` (B, Sq, Hq, D) in q's dtype, or ``(out, lse)``. A row that sees no key
@@ -397,7 +410,7 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: flo
         pointer not on 16 bytes) cost a copy of that tensor
       - differentiable for head dims 64, 96 and 128 (softcap: 64, 96); with gradients
         required at another head dim the call raises before running. dQ is summed with atomic
-        adds, so gradients are not bit-identical from run to run (no ``deterministic`` mode yet)
+        adds, so gradients are bit-identical from run to run only with ``deterministic=True``
     """
     _check_qkv(q, k, v, 4, "(batch, seqlen, heads, head_dim)")
     if k.shape[0] != q.shape[0]:
@@ -408,7 +421,8 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: flo
         return _batch_forward(q, k, v, scale, causal, window_size, softcap)
 
     def bwd(q, k, v, out, lse, dout):
-        return _batch_backward(q, k, v, out, lse, dout, scale, causal, window_size, softcap)
+        return _batch_backward(q, k, v, out, lse, dout, scale, causal, window_size, softcap,
+                               bool(deterministic))
 
     return _attend(q, k, v, fwd, bwd, softcap, return_lse)
 
@@ -474,8 +488,8 @@ def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                 or k.shape[0] == 0 or max_seqlen_k == 0):
             return dq.zero_(), dk.zero_(), dv.zero_()
         local, left, right = _window(causal, window_size, max_seqlen_q + max_seqlen_k)
-        flash_attn_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max_seqlen_k, scale,
-                       local, left, right, float(softcap))
+        flash_attn_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max_seqlen_q, max_seqlen_k,
+                       scale, local, left, right, float(softcap), bool(deterministic))
         return dq, dk, dv
 
     return _attend(q, k, v, fwd, bwd, softcap, return_lse)
