@@ -18,9 +18,10 @@ Design:
   - dQ: both warpgroups store their dS^T to a double-buffered shared tile (tile_m x tile_n);
     after one 256-thread barrier each computes half of dQ's columns (head dim 96: warpgroup 0
     all of them) over all tile_n keys (dQ = dS K, wgmma from shared memory) into its own
-    swizzled fp32 tile, which a dedicated
-    warp adds into the fp32 dQ accumulator in global memory with a TMA bulk reduce
-    (``cp.reduce.async.bulk.tensor ... add``).
+    swizzled fp32 tile, which a dedicated warp adds into the fp32 dQ accumulator in global
+    memory with a TMA bulk reduce (``cp.reduce.async.bulk.tensor ... add``).
+  - D comes from the preprocess kernel (``preprocess.py``); the op scales and converts the dQ
+    accumulator afterwards.
   - Masks as the forward's (``mask.py`` semantics), on the transposed scores; softcap
     multiplies dS by the tanh derivative. dK and dQ carry the softmax scale (dK here, dQ in the
     launcher's final scaling of the accumulator).
