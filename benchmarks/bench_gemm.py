@@ -1,6 +1,11 @@
 """GEMM: TFLOP/s for ours, cuBLAS (torch.matmul / torch._scaled_mm) and quack, same run.
 
     python benchmarks/bench_gemm.py [--quick]
+    python benchmarks/bench_gemm.py --grid     # real model shapes (gemm_bf16_linear rows)
+
+The grid multiplies activations (M, K) by a weight stored as ``nn.Linear`` stores it, (N, K),
+passed transposed; for M <= 16 a row also reports the weight bandwidth achieved (GB/s), and the
+host time of an unaligned call is measured.
 """
 
 from __future__ import annotations
@@ -26,14 +31,84 @@ SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (8192, 8192, 1024), (16384, 10
 # Shapes whose last wave of 128 x 256 tiles is mostly empty (the stream-K tail's case), and a
 # mid-length K (the ping-pong schedule's range above K = 1024).
 EXTRA_SHAPES = [(4096, 4352, 4096), (8192, 4352, 8192), (8192, 8192, 2048)]
+# Real model shapes (M x N x K): projections of Llama-3 8B (qkv 6144 x 4096, down 4096 x
+# 14336, gate + up 28672 x 4096) and 70B (qkv 10240 x 8192, down 8192 x 28672) at decode,
+# small-prefill and training token counts, vocabulary heads (Llama-3 128256, Mistral 32000,
+# GPT-2 50257), and odd or unaligned sizes.
+GRID_SHAPES = (
+    [(m, 6144, 4096) for m in (1, 16, 64, 256, 2048, 8192)]
+    + [(m, 4096, 14336) for m in (1, 16, 64, 256, 2048, 8192)]
+    + [(m, 28672, 4096) for m in (16, 2048)]
+    + [(m, 10240, 8192) for m in (1, 256, 8192)]
+    + [(m, 8192, 28672) for m in (16, 2048)]
+    + [(1, 128256, 4096), (2048, 128256, 4096), (2048, 32000, 4096), (8192, 50257, 768)]
+    + [(1, 4096, 4096), (16, 4096, 4096), (1024, 1024, 1024), (2048, 2048, 8192),
+       (3000, 5000, 1000), (333, 1000, 777)]
+)
+
+
+def grid_rows(results, quack) -> None:
+    """``gemm_bf16_linear`` rows over GRID_SHAPES (weights (N, K), passed transposed)."""
+    dtype = torch.bfloat16
+    for m, n, k in GRID_SHAPES:
+        sets = make_input_sets(lambda: (torch.randn(m, k, device="cuda", dtype=dtype),
+                                        torch.randn(n, k, device="cuda", dtype=dtype).t()),
+                               (m * k + k * n) * 2)
+        fns = {"ours": ck.gemm, "cublas": torch.matmul}
+        if quack is not None and _usable(quack.gemm, *sets[0]):
+            fns["quack"] = quack.gemm
+        ms = bench_many(fns, sets, rounds=ROUNDS, reps=20)
+        rates = {key: tflops(2 * m * n * k, v) for key, v in ms.items()}
+        extra = {}
+        if m <= 16:  # decode: the weight is the traffic
+            extra["weight_GBps"] = {key: round(n * k * 2 / v / 1e6, 1) for key, v in ms.items()}
+        results.add("gemm", "gemm_bf16_linear", (m, n, k), dtype, "TFLOPs", rates.pop("ours"), rates, **extra)
+    a = torch.randn(333, 777, device="cuda", dtype=dtype)
+    w = torch.randn(1000, 777, device="cuda", dtype=dtype)
+    host = _host_us({"ours": ck.gemm, "torch": torch.matmul}, a, w.t())
+    print(f"host time 333x1000x777 (weight (N, K) transposed): ours {host['ours']:.2f} us, "
+          f"torch.matmul {host['torch']:.2f} us")
+    results.data.setdefault("runtime", {})["gemm_333x1000x777_host_us"] = {k: round(v, 2) for k, v in host.items()}
+
+
+def _usable(fn, *args) -> bool:
+    try:
+        fn(*args)
+        torch.cuda.synchronize()
+        return True
+    except Exception as exc:  # a peer that does not take this layout is left out of the row
+        print(f"[peer skipped: {type(exc).__name__}: {str(exc)[:120]}]", file=sys.stderr)
+        return False
+
+
+def _host_us(fns: dict, a, b, calls: int = 3000) -> dict:
+    """Host time per call (us) of each function on (a, b), after a warm-up."""
+    import time
+
+    host = {}
+    for name, fn in fns.items():
+        for _ in range(200):
+            fn(a, b)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(a, b)
+        host[name] = (time.perf_counter() - start) / calls * 1e6
+        torch.cuda.synchronize()
+    return host
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--grid", action="store_true", help="the real-shape grid only")
     args = parser.parse_args()
     results = Results()
     results.start(ceilings())
+    if args.grid:
+        grid_rows(results, try_import("quack.gemm_interface"))
+        results.save()
+        return
     shapes = SHAPES[:2] if args.quick else SHAPES + EXTRA_SHAPES
     dtype = torch.bfloat16
     for m, n, k in shapes:  # compile ours before any peer is imported
@@ -79,19 +154,9 @@ def main():
         rates = {key: tflops(2 * m * n * k, v) for key, v in ms.items()}
         results.add("gemm", "gemm_fp8_fast_accum", (m, n, k), "float8_e4m3fn", "TFLOPs", rates.pop("ours"), rates)
     # Host overhead of a tiny call.
-    import time
     a = torch.randn(64, 64, device="cuda", dtype=dtype)
     b = torch.randn(64, 64, device="cuda", dtype=dtype)
-    host = {}
-    for name, fn in (("ours", ck.gemm), ("torch", torch.matmul)):
-        for _ in range(200):
-            fn(a, b)
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(3000):
-            fn(a, b)
-        host[name] = (time.perf_counter() - start) / 3000 * 1e6
-        torch.cuda.synchronize()
+    host = _host_us({"ours": ck.gemm, "torch": torch.matmul}, a, b)
     print(f"host time 64x64x64: ours {host['ours']:.2f} us, torch.matmul {host['torch']:.2f} us")
     results.data.setdefault("runtime", {})["gemm_64_host_us"] = {k: round(v, 2) for k, v in host.items()}
     results.save()
