@@ -27,6 +27,7 @@ from harness import (  # noqa: E402
     make_input_sets,
     tflops,
     try_import,
+    usable,
 )
 
 import cute_kernels as ck  # noqa: E402
@@ -59,16 +60,6 @@ def peers():
             return out[0] if isinstance(out, tuple) else out
         found["fa_cute"] = fa_cute
     return found
-
-
-def usable(fn, *args) -> bool:
-    try:
-        fn(*args)
-        torch.cuda.synchronize()
-        return True
-    except Exception as exc:  # a peer that does not support the case is left out of the row
-        print(f"[peer skipped: {type(exc).__name__}: {str(exc)[:120]}]", file=sys.stderr)
-        return False
 
 
 def run_case(results, peer_fns, batch, seqlen, heads, heads_kv, dim, causal, dtype=torch.bfloat16,

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Results, bench_many, ceilings, make_input_sets, tflops, try_import  # noqa: E402
+from harness import Results, bench_many, ceilings, make_input_sets, tflops, try_import, usable  # noqa: E402
 
 import cute_kernels as ck  # noqa: E402
 
@@ -55,7 +55,7 @@ def grid_rows(results, quack) -> None:
                                         torch.randn(n, k, device="cuda", dtype=dtype).t()),
                                (m * k + k * n) * 2)
         fns = {"ours": ck.gemm, "cublas": torch.matmul}
-        if quack is not None and _usable(quack.gemm, *sets[0]):
+        if quack is not None and usable(quack.gemm, *sets[0]):
             fns["quack"] = quack.gemm
         ms = bench_many(fns, sets, rounds=ROUNDS, reps=20)
         rates = {key: tflops(2 * m * n * k, v) for key, v in ms.items()}
@@ -69,16 +69,6 @@ def grid_rows(results, quack) -> None:
     print(f"host time 333x1000x777 (weight (N, K) transposed): ours {host['ours']:.2f} us, "
           f"torch.matmul {host['torch']:.2f} us")
     results.data.setdefault("runtime", {})["gemm_333x1000x777_host_us"] = {k: round(v, 2) for k, v in host.items()}
-
-
-def _usable(fn, *args) -> bool:
-    try:
-        fn(*args)
-        torch.cuda.synchronize()
-        return True
-    except Exception as exc:  # a peer that does not take this layout is left out of the row
-        print(f"[peer skipped: {type(exc).__name__}: {str(exc)[:120]}]", file=sys.stderr)
-        return False
 
 
 def _host_us(fns: dict, a, b, calls: int = 3000) -> dict:

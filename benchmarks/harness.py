@@ -103,6 +103,18 @@ def autograd_grad(forward: Callable) -> Callable:
     return run
 
 
+def usable(fn: Callable, *args) -> bool:
+    """Whether a peer runs on these arguments; one that does not support the case is left out
+    of the row (its error printed to stderr)."""
+    try:
+        fn(*args)
+        torch.cuda.synchronize()
+        return True
+    except Exception as exc:
+        print(f"[peer skipped: {type(exc).__name__}: {str(exc)[:120]}]", file=sys.stderr)
+        return False
+
+
 def gbps(nbytes: int, ms: float) -> float:
     return nbytes / ms / 1e6
 
