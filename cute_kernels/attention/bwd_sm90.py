@@ -22,6 +22,9 @@ Design:
     memory with a TMA bulk reduce (``cp.reduce.async.bulk.tensor ... add``).
   - D comes from the preprocess kernel (``preprocess.py``); the op scales and converts the dQ
     accumulator afterwards.
+  - The dS^T and dQ stores to their SW128-swizzled tiles compute addresses in closed form
+    (``store_ds_t``, ``store_dq``): one XOR per column group instead of the per-element
+    address arithmetic the compiler re-derives every step.
   - Masks as the forward's (``mask.py`` semantics), on the transposed scores; softcap
     multiplies dS by the tanh derivative. dK and dQ carry the softmax scale (dK here, dQ in the
     launcher's final scaling of the accumulator).
@@ -52,6 +55,8 @@ import cutlass.tensor_utils as tensor_utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from ..primitives.named_barriers import AttentionBwdBarrier
@@ -65,6 +70,26 @@ PRODUCER_REGISTERS, MMA_REGISTERS = 24, 240
 # released, so a split past this budget hangs the kernel.
 assert 128 * PRODUCER_REGISTERS + 256 * MMA_REGISTERS <= 384 * 168
 REDUCE_WARP = 1  # of the producer warpgroup; warp 0 loads
+
+
+@dsl_user_op
+def _st_shared(address: Int32, values: tuple, offset: int, *, loc=None, ip=None) -> None:
+    """``st.shared`` at byte ``address + offset`` (an immediate) of one Int32 or two Float32
+    ``values``."""
+    floats = len(values) == 2
+    ops = [Float32(v).ir_value(loc=loc, ip=ip) if floats else Int32(v).ir_value(loc=loc, ip=ip)
+           for v in values]
+    text = (f"st.shared.v2.f32 [$0+{offset}], {{$1, $2}};" if floats
+            else f"st.shared.b32 [$0+{offset}], $1;")
+    llvm.inline_asm(
+        None,
+        [Int32(address).ir_value(loc=loc, ip=ip)] + ops,
+        text,
+        "r,f,f" if floats else "r,r",
+        has_side_effects=True,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    )
 
 
 def padded_row_offset(offset_q, batch):
@@ -443,8 +468,17 @@ class FlashAttnBwdSm90:
         by_query = cute.make_layout((64, tm, st), stride=(0, 1, tm))
         tSsLSE = thr_s.partition_C(cute.make_tensor(sLSE.iterator, by_query))
         tSsD = thr_s.partition_C(cute.make_tensor(sD.iterator, by_query))
-        sdS_t = _transposed(cute.local_tile(sdS, (tm, 64, st), (0, wg, 0)), (64, tm, st), (1, 0, 2))
-        tSsdS = thr_s.partition_C(sdS_t)
+        # Shared-memory stores in closed form (module docstring): SW128 XORs address bits 4-6
+        # with bits 7-9, a thread's column groups only change bits 4-6 (and bits >= 10), its
+        # row fixes bits 7-9, so each group's address is the thread's base XOR a constant.
+        lane = tidx % 4
+        key = wg * 64 + coords[0, 0][0]  # this thread's first dS^T row (the second is + 8)
+        ds_base = sdS.iterator.toint() + key * 128 + 4 * lane + 16 * (key % 8)
+        dq_coords = rows_cols(mma_dq.get_slice(tidx % 128).partition_C(
+            cute.make_identity_tensor((tm, self.dq_cols))))
+        row = dq_coords[0, 0][0]
+        dq_base = (sdQ.iterator.toint() + dq_wg * (tm * self.dq_cols * 4) + row * 128 + 8 * (lane % 2)
+                   + 16 * (((lane // 2) ^ row) & 1) + 16 * (row & 6))
         tQsdQ = mma_dq.get_slice(tidx % 128).partition_C(sdQ[None, None, dq_wg])
         key0 = n_block * self.tile_n + wg * 64
         ds_ready = int(AttentionBwdBarrier.DS_READY)
@@ -486,7 +520,7 @@ class FlashAttnBwdSm90:
             convert_pairs(as_operand_a(acc_dp), tKrdS)
             # dS^T to shared memory (this warpgroup's keys); once both halves are in, this
             # warpgroup's half of dQ = dS K over all the CTA's keys.
-            cute.autovec_copy(tKrdS, as_operand_a(tSsdS[None, None, None, b]))
+            self.store_ds_t(tKrdS, ds_base + b * (tm * self.tile_n * 2))
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=ds_ready, number_of_threads=256)
             if const_expr(self.dq_wgs == 2) or wg == 0:
@@ -495,7 +529,7 @@ class FlashAttnBwdSm90:
                 warpgroup_gemm(mma_kv, acc_dk, tKrdS, tKrQ[None, None, None, b], False)
                 warpgroup.wait_group(1)  # dV and dQ done, dK in flight
                 cute.arch.barrier(barrier_id=dq_empty, number_of_threads=160)
-                cute.autovec_copy(acc_dq, tQsdQ)
+                self.store_dq(acc_dq, tQsdQ, dq_base)
                 cute.arch.fence_view_async_shared()
                 cute.arch.barrier_arrive(barrier_id=dq_full, number_of_threads=160)
             else:
@@ -509,6 +543,32 @@ class FlashAttnBwdSm90:
             acc_dk[j] = acc_dk[j] * dk_scale
         self.store_kv(mma_kv, acc_dk, mdK, seq, n_block, head_kv, batch, wg, tidx)
         self.store_kv(mma_kv, acc_dv, mdV, seq, n_block, head_kv, batch, wg, tidx)
+
+    @cute.jit
+    def store_ds_t(self, tKrdS, base):
+        """This thread's dS^T (bf16 pairs of adjacent queries; packed index v1 + 2 j for key row
+        + 8 v1 and query columns 8 j + 2 (lane % 4)) into the queries-contiguous dS tile: group
+        j at ``base ^ 16 j``, the second row 8 rows (1024 bytes) further."""
+        packed = cute.recast_tensor(tKrdS, Int32)
+        for j in cutlass.range_constexpr(cute.size(packed) // 2):
+            address = base ^ (16 * j)
+            _st_shared(address, (packed[2 * j],), 0)
+            _st_shared(address, (packed[2 * j + 1],), 1024)
+
+    @cute.jit
+    def store_dq(self, acc_dq, tQsdQ, base):
+        """This warpgroup's dQ share (fp32 C fragment, index v0 + 2 v1 + 4 j) into its swizzled
+        tile: columns 8 j + 2 (lane % 4) of row r at ``(base ^ 32 (j % 4)) + 8192 (j / 4)``,
+        row r + 8 1024 bytes further (32-column SW128 atoms of 8 KB). Other widths (head dim
+        96: 48 columns) go through the tile's own partition."""
+        if const_expr(self.dq_cols % 32 == 0):
+            for j in cutlass.range_constexpr(cute.size(acc_dq) // 4):
+                address = base ^ (32 * (j % 4))
+                for v1 in cutlass.range_constexpr(2):
+                    _st_shared(address, (acc_dq[4 * j + 2 * v1], acc_dq[4 * j + 2 * v1 + 1]),
+                               8192 * (j // 4) + 1024 * v1)
+        else:
+            cute.autovec_copy(acc_dq, tQsdQ)
 
     @cute.jit
     def on_edge(self, key0, q0, seq, window_left, window_right):
