@@ -8,6 +8,7 @@ from . import _dsl  # noqa: F401  (the DSL on sys.path before anything imports c
 from .attention.op import flash_attn, flash_attn_varlen
 from .gemm.op import gemm, gemm_fp8
 from .losses.fused_linear_cross_entropy import FusedLinearCrossEntropyLoss, fused_linear_cross_entropy
+from .quant.int8 import Int8Linear, dequantize_int8, gemm_int8, quantize_int8
 from .rowwise.cross_entropy_op import cross_entropy
 from .rowwise.modules import CrossEntropyLoss, LayerNorm, RMSNorm
 from .rowwise.norm_op import layer_norm, rms_norm
@@ -28,6 +29,10 @@ __all__ = [
     "flash_attn_varlen",
     "gemm",
     "gemm_fp8",
+    "gemm_int8",
+    "quantize_int8",
+    "dequantize_int8",
+    "Int8Linear",
     "softmax",
     "rms_norm",
     "layer_norm",

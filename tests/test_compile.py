@@ -4,6 +4,7 @@ import pytest
 
 from cute_kernels.attention import op as attention_op
 from cute_kernels.gemm import op as gemm_op
+from cute_kernels.quant import int8 as int8_op
 from cute_kernels.rowwise import cross_entropy_op, norm_op
 from cute_kernels.rowwise.softmax_op import compile_configurations as softmax_configurations
 from cute_kernels.runtime import inspect_kernel
@@ -158,3 +159,31 @@ def test_attention_preprocess_reads_16_byte_vectors_without_spills(case):
     assert report.has("ld.global.v4"), "O and dO rows must be read in 16-byte vectors"
     assert "shfl.sync.bfly" in report.ptx, "the row sum is reduced by warp shuffles"
     assert not report.local_memory, f"local memory / spills: {report.summary()}"
+
+
+INT8 = int8_op.compile_configurations()
+
+
+def _int8_id(case):
+    kernel, c, specs = case
+    if kernel.__name__ == "GemmSm90":
+        epi = "+".join(k for k, v in vars(c.epilogue).items() if v) or "plain"
+        return f"gemm-{c.tile_m}x{c.tile_n}-c{c.cluster_m}-{epi}-{specs[2].dtype}"
+    return f"quantize-{c.label.replace(' ', '-')}-{specs[0].dtype}"
+
+
+@pytest.mark.parametrize("case", INT8, ids=[_int8_id(c) for c in INT8])
+def test_int8_configuration_compiles_to_s8_wgmma_or_exact_rounding(case):
+    kernel, config, specs = case
+    report = inspect_kernel(kernel, config, specs, arch="sm_90a")
+    assert not report.local_memory, f"local memory / spills: {report.summary()}"
+    if kernel.__name__ == "GemmSm90":
+        assert ".s32.s8.s8" in report.ptx, "int8 operands must run on s8 wgmma into int32"
+        assert report.has("cp.async.bulk.tensor") and report.has("setmaxnreg")
+        assert not report.wgmma_serialized, f"ptxas serialized the wgmma: {report.wgmma_serialized}"
+        converts = "cvt.rn.f32.s32" in report.ptx
+        assert converts == (specs[2].dtype != "int32"), "int32 out stays exact; float out converts"
+    else:
+        assert "cvt.rni.s32.f32" in report.ptx, "codes round half to even"
+        assert "div.rn.f32" in report.ptx and "div.approx" not in report.ptx, "IEEE division"
+        assert "shfl.sync.bfly" in report.ptx, "the row range is reduced by warp shuffles"

@@ -15,19 +15,23 @@ ACTIVATIONS = (None, "relu", "gelu_tanh", "silu")
 class Epilogue:
     """What the epilogue applies to the fp32 accumulator, in this order:
     ``alpha * acc (+ beta * C) (+ bias[col])``, then the activation, then the output cast.
+    (Integer accumulators: the zero-point correction first, in int32.)
     Without ``alpha`` the kernel takes alpha to be 1 and skips the multiply (its launcher
     refuses any other value)."""
 
     bias: bool = False
     residual: bool = False  # beta * C
     activation: str | None = None
-    row_scale: bool = False  # fp8: acc * scale_a[row]
-    col_scale: bool = False  # fp8: acc * scale_b[col]
-    # fp8 per-tensor scales: one value each (scale_a[0], scale_b[0]), read once per CTA and
-    # folded into alpha; exclusive with the vector form of the same operand.
+    row_scale: bool = False  # fp8 / int8: acc * scale_a[row]
+    col_scale: bool = False  # fp8 / int8: acc * scale_b[col]
+    # fp8 / int8 per-tensor scales: one value each (scale_a[0], scale_b[0]), read once per CTA
+    # and folded into alpha; exclusive with the vector form of the same operand.
     scalar_scale_a: bool = False
     scalar_scale_b: bool = False
     alpha: bool = False  # acc * alpha for a runtime alpha other than 1
+    # int8 with asymmetric A: acc - zero_a[row] * sum_b[col] in int32, before anything else
+    # (A's per-row zero points against B's column sums over K).
+    zero_point: bool = False
 
     @property
     def multiplies(self) -> bool:

@@ -134,11 +134,16 @@ class GemmSm90:
         self.a_layout = tensor_utils.LayoutEnum.from_tensor(a)
         self.b_layout = tensor_utils.LayoutEnum.from_tensor(b)
         self.d_layout = tensor_utils.LayoutEnum.from_tensor(d)
+        self.acc_dtype = self.accumulator_dtype(self.a_dtype)
+        # The epilogue's working values: the accumulator's integers for an integer output,
+        # else fp32.
+        self.epi_dtype = self.acc_dtype if self.d_dtype is Int32 else Float32
+        self._check_dtypes()
         mma_n = cfg.tile_n // 2 if cfg.fp8_split_n else cfg.tile_n
         # One warpgroup's MMA (its block of rows against all of B's columns, or a column half).
         self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.a_dtype, self.b_dtype, self.a_layout.sm90_mma_major_mode(),
-            self.b_layout.sm90_mma_major_mode(), Float32, (1, 1, 1), tiler_mn=(64, mma_n),
+            self.b_layout.sm90_mma_major_mode(), self.acc_dtype, (1, 1, 1), tiler_mn=(64, mma_n),
         )
         mma_k = cute.size(self.tiled_mma.shape_mnk, mode=[2])
         self.tile_mnk = (cfg.tile_m, cfg.tile_n, mma_k * 4)
@@ -160,6 +165,24 @@ class GemmSm90:
             order=(1, 0, 2) if self.d_layout.is_m_major_c() else (0, 1, 2),
         )
 
+    def accumulator_dtype(self, operand_dtype):
+        """The MMA accumulator's dtype for these operands: Int32 for 8-bit integers (s8 / u8
+        wgmma), else Float32."""
+        return Int32 if operand_dtype in (cutlass.Int8, cutlass.Uint8) else Float32
+
+    def _check_dtypes(self):
+        """Trace time: the epilogue options against the operand and output dtypes."""
+        cfg, epi = self.config, self.config.epilogue
+        integer = self.acc_dtype is Int32
+        if epi.zero_point and not integer:
+            raise ValueError(f"zero points need 8-bit integer operands, got {self.a_dtype}: {cfg}")
+        if integer and (cfg.fp8_promote_every or cfg.stream_k):
+            raise ValueError(f"integer operands accumulate exactly: no fp8 folds, no stream-K: {cfg}")
+        if self.d_dtype is Int32 and (not integer or epi.bias or epi.residual or epi.activation
+                                      or epi.row_scale or epi.col_scale or epi.multiplies):
+            raise ValueError(f"an int32 output is the exact integer product (zero points at most), "
+                             f"got {self.a_dtype} operands and {epi}")
+
     def _smem_layout(self, layout, dtype, shape_mk):
         """Swizzled, staged shared-memory layout for one operand tile (rows, K)."""
         k_major = layout.sm90_mma_major_mode() == cute.nvgpu.OperandMajorMode.K
@@ -179,8 +202,8 @@ class GemmSm90:
         )
 
     @cute.jit
-    def __call__(self, mA, mB, mD, mC, mBias, mScaleA, mScaleB, mWork, mFlags, alpha: Float32,
-                 beta: Float32, token: cutlass.Int64, stream):
+    def __call__(self, mA, mB, mD, mC, mBias, mScaleA, mScaleB, mZeroA, mSumB, mWork, mFlags,
+                 alpha: Float32, beta: Float32, token: cutlass.Int64, stream):
         cfg = self.config
         a = _to_blas_order(mA, (1, 2, 0))  # (M, K, L)
         b = _to_blas_order(mB, (2, 1, 0))  # (N, K, L)
@@ -208,7 +231,7 @@ class GemmSm90:
         self.storage = Storage
         self.kernel(
             tma_a, tma_tensor_a, tma_b, tma_tensor_b, tma_d, tma_tensor_d, c, mBias, mScaleA,
-            mScaleB, mWork, mFlags, alpha, beta, token, self.tiled_mma,
+            mScaleB, mZeroA, mSumB, mWork, mFlags, alpha, beta, token, self.tiled_mma,
             self.cta_layout_mnk, self.a_smem_staged, self.b_smem_staged, self.epi_smem_staged,
             schedule,
         ).launch(grid=grid, block=[self.threads, 1, 1], cluster=(*self.cluster_mn, 1),
@@ -217,8 +240,8 @@ class GemmSm90:
     # ------------------------------------------------------------------ device side
 
     @cute.kernel
-    def kernel(self, tma_a, mA, tma_b, mB, tma_d, mD, mC, mBias, mScaleA, mScaleB, mWork, mFlags,
-               alpha: Float32, beta: Float32, token: cutlass.Int64, tiled_mma: cute.TiledMma,
+    def kernel(self, tma_a, mA, tma_b, mB, tma_d, mD, mC, mBias, mScaleA, mScaleB, mZeroA, mSumB,
+               mWork, mFlags, alpha: Float32, beta: Float32, token: cutlass.Int64, tiled_mma: cute.TiledMma,
                cta_layout_mnk: cute.Layout,
                a_smem_staged: cute.ComposedLayout, b_smem_staged: cute.ComposedLayout,
                epi_smem_staged: cute.ComposedLayout, schedule):
@@ -265,9 +288,10 @@ class GemmSm90:
                           k_tiles, schedule)
         else:
             cute.arch.setmaxregister_increase(MMA_REGISTERS)
-            self.mma_and_epilogue(tiled_mma, sA, sB, sD, gD, mD, tma_d, mC, mBias, mScaleA,
-                                  mScaleB, mWork, mFlags, alpha, beta, token, mainloop, k_tiles,
-                                  schedule, cluster_coord, rank, tidx - 128, warp)
+            self.mma_and_epilogue(tiled_mma, sA, sB, sD, gD, mD, tma_d, mC, mBias,
+                                  (mScaleA, mScaleB, mZeroA, mSumB), mWork, mFlags, alpha, beta,
+                                  token, mainloop, k_tiles, schedule, cluster_coord, rank,
+                                  tidx - 128, warp)
 
     @cute.jit
     def load(self, tma_a, tma_b, sA, sB, gA, gB, mainloop, cta_layout_mnk, cluster_coord, k_tiles,
@@ -327,7 +351,7 @@ class GemmSm90:
         return state
 
     @cute.jit
-    def mma_and_epilogue(self, tiled_mma, sA, sB, sD, gD, mD, tma_d, mC, mBias, mScaleA, mScaleB,
+    def mma_and_epilogue(self, tiled_mma, sA, sB, sD, gD, mD, tma_d, mC, mBias, vectors,
                          mWork, mFlags, alpha: Float32, beta: Float32, token, mainloop, k_tiles,
                          schedule, cluster_coord, rank, tidx, warp):
         """MMA warpgroups: wgmma over the k-tiles, then the epilogue, tile after tile.
@@ -335,8 +359,10 @@ class GemmSm90:
         Cooperative: every MMA warpgroup works on every tile (64 or 128 rows each). Ping-pong:
         warpgroup w takes this CTA's tiles w, w + 2, ...; named barriers make the two take turns
         on the tensor cores, so one's epilogue runs under the other's mainloop. Each skips the
-        other's k-tiles in its pipeline states."""
+        other's k-tiles in its pipeline states. ``vectors``: (scale_a, scale_b, zero_a, sum_b),
+        the epilogue's per-row / per-column operands (None where unused)."""
         cfg = self.config
+        mScaleA, mScaleB = vectors[0], vectors[1]
         wg = cute.arch.make_warp_uniform(tidx // 128)
         # This warpgroup's block of tile rows (cooperative) and its A operand in every stage.
         row_block = 0 if const_expr(self.pingpong) else wg
@@ -347,7 +373,7 @@ class GemmSm90:
         tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA_rows))
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         wg_tile = cute.make_identity_tensor((self.wg_rows, cfg.tile_n))
-        acc = cute.make_rmem_tensor(thr_mma.partition_C(wg_tile).shape, Float32)
+        acc = cute.make_rmem_tensor(thr_mma.partition_C(wg_tile).shape, self.acc_dtype)
         promote = const_expr(cfg.fp8_promote_every)
         split = const_expr(cfg.fp8_split_n)
         mma_acc = acc
@@ -358,7 +384,8 @@ class GemmSm90:
             mma_acc = cute.make_rmem_tensor(acc.shape, Float32)
 
         # Epilogue plumbing: accumulator -> registers of the output dtype -> smem -> TMA.
-        store_atom = sm90_utils.sm90_get_smem_store_op(self.d_layout, elem_ty_d=self.d_dtype, elem_ty_acc=Float32)
+        store_atom = sm90_utils.sm90_get_smem_store_op(self.d_layout, elem_ty_d=self.d_dtype,
+                                                       elem_ty_acc=self.acc_dtype)
         tiled_store = cute.make_tiled_copy_S(
             store_atom,
             cute.make_tiled_copy_C_atom(
@@ -374,7 +401,7 @@ class GemmSm90:
         coords = tiled_mma.get_slice(tidx % 128).partition_C(wg_tile)
         tRS_coords = tiled_store.retile(coords)
         frag_shape = cute.shape(thr_store.partition_S(sD))[:3]
-        tRS_rD = cute.make_rmem_tensor(frag_shape, Float32)
+        tRS_rD = cute.make_rmem_tensor(frag_shape, self.epi_dtype)
         tRS_rOut = cute.make_rmem_tensor(frag_shape, self.d_dtype)
         per_subtile = cute.size(tRS_rD)
         store_pipe = pipeline.PipelineTmaStore.create(
@@ -431,7 +458,7 @@ class GemmSm90:
                                                         hand_over=hand_over, nonempty=True)
             next_k_tile = (tiled_mma, mma_acc, tCrA, tCrB, mainloop, read, release) if overlap else None
             after = self.epilogue(acc, tRS_acc, tRS_coords, tRS_rD, tRS_rOut, tRS_sD, sD, gD, mD,
-                                  tma_d, tiled_store, store_pipe, mC, mBias, mScaleA, mScaleB, alpha,
+                                  tma_d, tiled_store, store_pipe, mC, mBias, vectors, alpha,
                                   beta, m, n, l, per_subtile, tiles_done, warp, store_warp,
                                   epi_barrier, buffer_base, row_block, next_k_tile)
             if const_expr(overlap):
@@ -458,8 +485,8 @@ class GemmSm90:
                                               tidx, total - total % clusters, t, k_tiles,
                                               (total % clusters) * k_tiles)
                         self.epilogue(acc, tRS_acc, tRS_coords, tRS_rD, tRS_rOut, tRS_sD, sD, gD,
-                                      mD, tma_d, tiled_store, store_pipe, mC, mBias, mScaleA,
-                                      mScaleB, alpha, beta, m, n, l, per_subtile, tiles_done,
+                                      mD, tma_d, tiled_store, store_pipe, mC, mBias, vectors,
+                                      alpha, beta, m, n, l, per_subtile, tiles_done,
                                       warp, store_warp, epi_barrier, buffer_base, row_block)
                         tiles_done += 1
         store_pipe.producer_tail()
@@ -479,7 +506,7 @@ class GemmSm90:
         # overwrites the accumulator instead of a fill on the way to the tensor cores.
         first_overwrites = const_expr(zero and nonempty and promote == 0 and not self.config.fp8_split_n)
         if const_expr(zero and not first_overwrites):
-            acc.fill(0.0)
+            acc.fill(0 if const_expr(self.acc_dtype is Int32) else 0.0)
         tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
         cute.nvgpu.warpgroup.fence()
         if const_expr(self.config.fp8_split_n):
@@ -595,7 +622,7 @@ class GemmSm90:
 
     @cute.jit
     def epilogue(self, acc, tRS_acc, tRS_coords, tRS_rD, tRS_rOut, tRS_sD, sD, gD, mD, tma_d,
-                 tiled_store, store_pipe, mC, mBias, mScaleA, mScaleB, alpha: Float32,
+                 tiled_store, store_pipe, mC, mBias, vectors, alpha: Float32,
                  beta: Float32, m, n, l, per_subtile, tiles_done, warp, store_warp, epi_barrier,
                  buffer_base, row_block, next_k_tile=None):
         """The tile's output from ``acc``, sub-tile by sub-tile. With ``next_k_tile`` = (MMA,
@@ -607,6 +634,7 @@ class GemmSm90:
         it (a tile's first k-tile needs no fold), half 1's into the MMA accumulator. Returns the
         MMA and the advanced states then."""
         cfg, epi = self.config, self.config.epilogue
+        mScaleA, mScaleB, mZeroA, mSumB = vectors
         halves = 2 if const_expr(cfg.fp8_split_n) else 1
         gD_tile = gD[(None, None, m, n, l)]
         if const_expr(self.tile_wgs > 1):  # this warpgroup's rows of the cooperative tile
@@ -627,6 +655,7 @@ class GemmSm90:
         row0, col0 = m * cfg.tile_m + row_block * self.wg_rows, n * cfg.tile_n
         rows, cols = mD.shape[0], mD.shape[1]
         row_scales = {}  # this thread's per-row scales of the tile, by row offset: read once
+        row_zeros = {}  # likewise its per-row zero points
         for s in cutlass.range_constexpr(subtiles):
             if const_expr(next_k_tile is not None and s == issue_at):
                 mainloop.consumer_wait(read)
@@ -636,8 +665,8 @@ class GemmSm90:
                     tiled_mma = self.issue_fold_mmas(tiled_mma, mma_acc, tCrA, tCrB, read.index, 1)
                 else:
                     tiled_mma = self.issue_fold_mmas(tiled_mma, mma_acc, tCrA, tCrB, read.index, 0)
-            for v in cutlass.range_constexpr(per_subtile):
-                tRS_rD[v] = tRS_acc[s * per_subtile + v]
+            self.accumulator_values(tRS_rD, tRS_acc, tRS_coords, s * per_subtile, row_zeros,
+                                    mZeroA, mSumB, row0, col0, rows, cols)
             if const_expr(epi.bias or epi.residual or epi.row_scale or epi.col_scale):
                 self._apply_operands(tRS_rD, tRS_coords, s * per_subtile, row_scales, mC, mBias,
                                      mScaleA, mScaleB, alpha, beta, row0, col0, rows, cols, l)
@@ -667,6 +696,35 @@ class GemmSm90:
             release.advance()
             read.advance()
             return tiled_mma, read, release
+
+    def accumulator_values(self, frag, tRS_acc, coords, offset, row_zeros, mZeroA, mSumB, row0,
+                           col0, rows, cols):
+        """``frag`` (the epilogue's working dtype) <- the accumulator's values ``offset ..``
+        of the store view. Integer accumulators: with ``Epilogue.zero_point`` first
+        ``acc - zero_a[row] * sum_b[col]`` in exact int32 arithmetic (A's zero points against
+        B's column sums; per-row zero points kept in ``row_zeros`` for the tile), then
+        converted where the epilogue works in fp32. Traced once per sub-tile, like
+        ``_apply_operands``."""
+        size = cute.size(frag)
+        zero_point = self.config.epilogue.zero_point
+        if self.acc_dtype is self.epi_dtype and not zero_point:
+            for v in range(size):
+                frag[v] = tRS_acc[offset + v]
+            return
+        values = cute.make_rmem_tensor(frag.layout, self.acc_dtype)
+        for v in range(size):
+            values[v] = tRS_acc[offset + v]
+        if zero_point:
+            base_r, base_c = coords.iterator
+            col_sums = {}
+            for v in range(size):
+                r, c = coords.layout(offset + v)
+                if r not in row_zeros:
+                    row_zeros[r] = _load_int_or_zero(mZeroA, row0 + base_r + r, rows)
+                if c not in col_sums:
+                    col_sums[c] = _load_int_or_zero(mSumB, col0 + base_c + c, cols)
+                values[v] = values[v] - row_zeros[r] * col_sums[c]
+        frag.store(values.load().to(self.epi_dtype))
 
     def _apply_operands(self, frag, coords, offset, row_scales, mC, mBias, mScaleA, mScaleB,
                         alpha: Float32, beta: Float32, row0, col0, rows, cols, l):
@@ -715,6 +773,14 @@ def _check_first_half_read_first(acc, tRS_acc, values: int) -> None:
 @cute.jit
 def _inside(row, rows, col, cols):
     return row < rows and col < cols
+
+
+@cute.jit
+def _load_int_or_zero(vector: cute.Tensor, index, size) -> Int32:
+    value = Int32(0)
+    if index < size:
+        value = vector[index]
+    return value
 
 
 @cute.jit

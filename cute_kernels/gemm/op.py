@@ -79,13 +79,15 @@ def _free_spec(t) -> TensorSpec | None:
                       tuple(Sym() for _ in t.shape), t.element_size())
 
 
-def kernel_specs(a, b, d, c, bias, scale_a, scale_b, config: GemmConfig) -> tuple:
+def kernel_specs(a, b, d, c, bias, scale_a, scale_b, config: GemmConfig, zero_a=None,
+                 sum_b=None) -> tuple:
     """The kernel's argument specs for these operands (``None`` for the optional ones left out;
     the stream-K workspace and flags only where ``config.stream_k``)."""
     work = TensorSpec("float32", (Sym(),), (1,), 16) if config.stream_k else None
     flags = TensorSpec("int64", (Sym(),), (1,), 8) if config.stream_k else None
     return (_operand_spec(a), _operand_spec(b), _operand_spec(d), _free_spec(c), _free_spec(bias),
-            _free_spec(scale_a), _free_spec(scale_b), work, flags, ScalarSpec("float32"),
+            _free_spec(scale_a), _free_spec(scale_b), _free_spec(zero_a), _free_spec(sum_b),
+            work, flags, ScalarSpec("float32"),
             ScalarSpec("float32"), ScalarSpec("int64"), StreamSpec())
 
 
@@ -95,8 +97,8 @@ _tokens = itertools.count(secrets.randbits(62) | 1)
 
 
 def compiled_gemm(config: GemmConfig, specs: tuple):
-    """``launch(a, b, d, c, bias, scale_a, scale_b, alpha, beta)`` for one configuration and
-    argument signature (``kernel_specs``). Stream-K configurations get a fresh workspace from
+    """``launch(a, b, d, c, bias, scale_a, scale_b, alpha, beta, zero_a=None, sum_b=None)`` for
+    one configuration and argument signature (``kernel_specs``). Stream-K configurations get a fresh workspace from
     torch's caching allocator at every launch (``tile_m * tile_n`` fp32 values and one int64
     flag per CTA of the grid) and a new token."""
     from .kernel_sm90 import GemmSm90  # the kernel module: imported at the first compile
@@ -104,10 +106,10 @@ def compiled_gemm(config: GemmConfig, specs: tuple):
     kernel = get_kernel(GemmSm90, config, specs)
     unit_alpha = not config.epilogue.alpha
     if not config.stream_k:
-        def launch(a, b, d, c, bias, scale_a, scale_b, alpha, beta):
+        def launch(a, b, d, c, bias, scale_a, scale_b, alpha, beta, zero_a=None, sum_b=None):
             if unit_alpha and alpha != 1.0:
                 raise _alpha_error(alpha)
-            kernel(a, b, d, c, bias, scale_a, scale_b, None, None, alpha, beta, 0)
+            kernel(a, b, d, c, bias, scale_a, scale_b, zero_a, sum_b, None, None, alpha, beta, 0)
         return launch
     ctas = config.cluster_m * config.cluster_n * config.max_clusters
 
@@ -117,7 +119,8 @@ def compiled_gemm(config: GemmConfig, specs: tuple):
         work = torch.empty(ctas * config.tile_m * config.tile_n, dtype=torch.float32,
                            device=d.device)
         flags = torch.empty(ctas, dtype=torch.int64, device=d.device)
-        kernel(a, b, d, c, bias, scale_a, scale_b, work, flags, alpha, beta, next(_tokens))
+        kernel(a, b, d, c, bias, scale_a, scale_b, None, None, work, flags, alpha, beta,
+               next(_tokens))
     return launch_stream_k
 
 
@@ -486,7 +489,7 @@ def compile_configurations(quick: bool = False):
     sk_work = (TensorSpec("float32", (Sym(),), (1,), 16), TensorSpec("int64", (Sym(),), (1,), 8))
 
     def specs(cfg, operands):  # (a, b, d, c, bias, scale_a, scale_b) + the stream-K workspace
-        return operands + (sk_work if cfg.stream_k else (None, None)) + scalars
+        return operands + (None, None) + (sk_work if cfg.stream_k else (None, None)) + scalars
 
     tiles = [(128, 256, 1), (128, 256, 2), (128, 128, 1), (128, 128, 2), (64, 128, 1), (64, 128, 2)]
     found = []

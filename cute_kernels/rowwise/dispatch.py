@@ -20,7 +20,7 @@ import torch
 
 from ..runtime import StreamSpec, Sym, TensorSpec, dtype_name, get_kernel
 
-ITEMSIZE = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
+ITEMSIZE = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2, torch.int8: 1}
 
 
 def vector_width(n: int, widest: int, misalignment: int) -> int:

@@ -1,0 +1,101 @@
+"""Quantized matmul: int8 GEMM (TOP/s), int8 quantize (GB/s), Int8Linear; peers in the same run.
+
+    python benchmarks/bench_quant.py [--quick]
+
+Rows:
+  - ``gemm_int8_int32``: the exact int32 product against ``torch._int_mm`` (cuBLAS).
+  - ``gemm_int8_scaled``: per-row / per-column scales and a bias in the epilogue, bf16 out,
+    against ``torch._int_mm`` followed by the same epilogue in torch (what a torch user writes).
+  - ``quantize_int8_row``: per-token dynamic quantization (bytes read + written), against the
+    same rule in torch eager and compiled by ``torch.compile``.
+  - ``int8_linear``: ``Int8Linear`` (quantize + GEMM) against the bf16 ``nn.Linear`` (cuBLAS) it
+    replaces, in TFLOP/s-equivalent (2 M N K per call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Results, bench_many, ceilings, gbps, make_input_sets, tflops, usable  # noqa: E402
+
+import cute_kernels as ck  # noqa: E402
+from cute_kernels.reference import quantize_int8_ref  # noqa: E402
+
+ROUNDS = 5
+GEMM_SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (16384, 1024, 4096), (4096, 14336, 4096),
+               (2048, 6144, 4096), (128, 4096, 4096), (16, 14336, 4096)]
+
+
+def codes(*shape):
+    return torch.randint(-128, 128, shape, device="cuda", dtype=torch.int8)
+
+
+def gemm_rows(results, shapes):
+    for m, n, k in shapes:
+        sets = make_input_sets(lambda: (codes(m, k), codes(n, k)), m * k + n * k)
+        fns = {"ours": ck.gemm_int8, "cublas_int_mm": lambda a, b: torch._int_mm(a, b.t())}
+        if not usable(fns["cublas_int_mm"], *sets[0]):  # _int_mm needs M > 16
+            del fns["cublas_int_mm"]
+        ms = bench_many(fns, sets, rounds=ROUNDS)
+        rates = {key: tflops(2 * m * n * k, v) for key, v in ms.items()}
+        results.add("quant", "gemm_int8_int32", (m, n, k), "int8", "TOPs", rates.pop("ours"), rates)
+    for m, n, k in shapes[:4]:
+        scale_a = torch.rand(m, device="cuda") * 1e-2
+        scale_b = torch.rand(n, device="cuda") * 1e-2
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        sets = make_input_sets(lambda: (codes(m, k), codes(n, k)), m * k + n * k)
+
+        def torch_scaled(a, b):
+            acc = torch._int_mm(a, b.t())
+            return (acc.float() * scale_a[:, None] * scale_b[None, :] + bias).to(torch.bfloat16)
+
+        fns = {"ours": lambda a, b: ck.gemm_int8(a, b, scale_a=scale_a, scale_b=scale_b, bias=bias),
+               "cublas_int_mm_torch_epilogue": torch_scaled}
+        ms = bench_many(fns, sets, rounds=ROUNDS)
+        rates = {key: tflops(2 * m * n * k, v) for key, v in ms.items()}
+        results.add("quant", "gemm_int8_scaled", (m, n, k), "int8", "TOPs", rates.pop("ours"), rates)
+
+
+def quantize_rows(results, shapes):
+    compiled = torch.compile(lambda x: quantize_int8_ref(x, "row", True))
+    for m, n in shapes:
+        sets = make_input_sets(lambda: (torch.randn(m, n, device="cuda", dtype=torch.bfloat16),), m * n * 2)
+        fns = {"ours": lambda x: ck.quantize_int8(x, "row"),
+               "torch": lambda x: quantize_int8_ref(x, "row", True),
+               "torch_compile": compiled}
+        ms = bench_many(fns, sets, rounds=ROUNDS)
+        moved = m * n * 3 + m * 4  # bf16 in, int8 out, fp32 scales
+        rates = {key: gbps(moved, v) for key, v in ms.items()}
+        results.add("quant", "quantize_int8_row", (m, n), "bfloat16", "GBps", rates.pop("ours"), rates)
+
+
+def linear_rows(results, shapes):
+    for m, n, k in shapes:
+        linear = torch.nn.Linear(k, n, device="cuda", dtype=torch.bfloat16)
+        layer = ck.Int8Linear.from_float(linear)
+        sets = make_input_sets(lambda: (torch.randn(m, k, device="cuda", dtype=torch.bfloat16),), m * k * 2)
+        with torch.no_grad():
+            ms = bench_many({"ours": layer, "cublas_bf16_linear": linear}, sets, rounds=ROUNDS)
+        rates = {key: tflops(2 * m * n * k, v) for key, v in ms.items()}
+        results.add("quant", "int8_linear", (m, n, k), "bfloat16", "TFLOPs", rates.pop("ours"), rates)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    results = Results()
+    results.start(ceilings())
+    gemm_rows(results, GEMM_SHAPES[:2] if args.quick else GEMM_SHAPES)
+    quantize_rows(results, [(8192, 4096)] if args.quick else [(8192, 4096), (16384, 8192), (4096, 14336), (64, 4096)])
+    linear_rows(results, [(4096, 4096, 4096)] if args.quick else [(4096, 4096, 4096), (8192, 14336, 4096), (16, 4096, 4096)])
+    results.save()
+
+
+if __name__ == "__main__":
+    main()
