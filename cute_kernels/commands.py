@@ -24,11 +24,12 @@ FAMILY_MODULES = {
     "cross_entropy": "cute_kernels.rowwise.cross_entropy_op",
     "gemm": "cute_kernels.gemm.op",
     "attention": "cute_kernels.attention.op",
+    "int8": "cute_kernels.quant.int8",
 }
 # What each family's PTX must hold: the GEMM and attention run on wgmma fed by TMA; the row
 # kernels use neither (plain vector loads and warp reductions), so there an absent instruction
 # is expected.
-TENSOR_CORE_FAMILIES = ("gemm", "attention")
+TENSOR_CORE_FAMILIES = ("gemm", "attention", "int8")
 TABLE_WIDTH = 100
 MAX_COLUMNS = 120  # no line of the self-check is wider
 

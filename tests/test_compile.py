@@ -185,5 +185,7 @@ def test_int8_configuration_compiles_to_s8_wgmma_or_exact_rounding(case):
         assert converts == (specs[2].dtype != "int32"), "int32 out stays exact; float out converts"
     else:
         assert "cvt.rni.s32.f32" in report.ptx, "codes round half to even"
-        assert "div.rn.f32" in report.ptx and "div.approx" not in report.ptx, "IEEE division"
+        # once per row, IEEE: the scale (a division) and its inverse (a reciprocal)
+        assert report.ptx.count("div.rn.f32") == 1 and report.ptx.count("rcp.rn.f32") == 1
+        assert "approx" not in report.ptx and ".ftz" not in report.ptx
         assert "shfl.sync.bfly" in report.ptx, "the row range is reduced by warp shuffles"

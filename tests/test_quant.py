@@ -93,7 +93,7 @@ def test_quantize_rows_special_values(symmetric):
     x[2, 7] = float("nan")
     x[3, 100] = float("inf")
     x[4, 0] = -float("inf")
-    x[5] = 1e-30  # subnormal-sized scale (fp32)
+    x[5] = 1e-37  # a subnormal scale whose inverse overflows to inf: codes saturate
     x = x.float()
     q, scale, zero = ck.quantize_int8(x, "row", symmetric=symmetric)
     q_ref, scale_ref, zero_ref = quantize_int8_ref(x, "row", symmetric)
@@ -250,3 +250,25 @@ def test_int8_ops_under_torch_compile():
     x = torch.randn(64, 512, device="cuda", dtype=torch.bfloat16)
     compiled = torch.compile(layer, fullgraph=True)
     assert torch.equal(compiled(x), layer(x))
+
+
+@gpu
+def test_gemm_int8_repeated_calls_take_the_launch_plan_and_stay_correct():
+    from cute_kernels.quant import int8 as int8_op
+
+    a, b = codes(64, 256), codes(96, 256)
+    sa, sb = torch.rand(64, device="cuda"), torch.rand(96, device="cuda")
+    first = ck.gemm_int8(a, b, scale_a=sa, scale_b=sb, out_dtype=torch.float32)
+    plans = len(int8_op._plans)
+    a2, b2 = codes(64, 256), codes(96, 256)
+    again = ck.gemm_int8(a2, b2, scale_a=sa, scale_b=sb, out_dtype=torch.float32)
+    assert len(int8_op._plans) == plans  # the same plan, no new entry
+    for out, (x, y) in ((first, (a, b)), (again, (a2, b2))):
+        ref = gemm_int8_ref(x, y, sa, sb)
+        assert ((out.double() - ref).abs() <= ref.abs() * 4 * 2 ** -24 + 1e-9).all()
+    # a misaligned view of the same shape falls back to the checked path (copies), still right
+    buf = codes(64 * 256 + 16)
+    view = buf[1:1 + 64 * 256].view(64, 256)
+    ref = gemm_int8_ref(view, b, sa, sb)
+    out = ck.gemm_int8(view, b, scale_a=sa, scale_b=sb, out_dtype=torch.float32)
+    assert ((out.double() - ref).abs() <= ref.abs() * 4 * 2 ** -24 + 1e-9).all()

@@ -7,11 +7,11 @@ NaN once any value is NaN or infinite) with warp shuffles, across warps and acro
 a cluster; then every thread scales, rounds and stores its codes, and the thread holding column
 0 stores the row's scale (and zero point).
 
-Symmetric: ``scale = max(hi, -lo) / 127``, ``q = rint(x / scale)`` (in [-127, 127]).
-Asymmetric: ``scale = (hi - lo) / 255``, ``zero = -128 - rint(lo / scale)`` (in [-128, 127]),
-``q = clamp(rint(x / scale) + zero, -128, 127)``; so ``x ~ (q - zero) * scale`` and 0 is exact.
-``rint`` rounds half to even; the division is IEEE (``div.rn``). A row of zeros divides by 1
-(scale 0, codes 0 or the zero point). A row holding NaN or +-inf gets a NaN scale (the codes of
+With ``inv = 1 / scale`` (one IEEE division per row, ``div.rn``; 1 for a scale of 0):
+symmetric ``scale = max(hi, -lo) / 127``, ``q = rint(x * inv)`` (in [-127, 127]); asymmetric
+``scale = (hi - lo) / 255``, ``zero = -128 - rint(lo * inv)`` (in [-128, 127]),
+``q = clamp(rint(x * inv) + zero, -128, 127)``; so ``x ~ (q - zero) * scale`` and 0 is exact.
+``rint`` rounds half to even. A row of zeros has scale 0 (codes 0, or the zero point). A row holding NaN or +-inf gets a NaN scale (the codes of
 a NaN quotient are 0 before the zero point): its dequantized values are NaN, never finite junk.
 
 Constraints:
@@ -56,10 +56,12 @@ def _range_and_probe(a: tuple, b: tuple) -> tuple:
 
 
 @cute.jit
-def _rint(x: Float32) -> Int32:
-    """Round to the nearest integer, half to even (``cvt.rni``); NaN gives 0."""
-    return cute.arch.inline_ptx("cvt.rni.s32.f32 {$w0}, {$r0};", write_only_types=[Int32],
-                                read_only_args=[Float32(x)])
+def _rint(x: Float32, low: cutlass.Constexpr[int], high: cutlass.Constexpr[int]) -> Int32:
+    """Round to the nearest integer, half to even (``cvt.rni``: NaN gives 0, +-inf saturate),
+    then saturate to [low, high]."""
+    value = cute.arch.inline_ptx("cvt.rni.s32.f32 {$w0}, {$r0};", write_only_types=[Int32],
+                                 read_only_args=[Float32(x)])
+    return cutlass.min(cutlass.max(value, Int32(low)), Int32(high))
 
 
 class QuantizeRowsSm90(RowKernel):
@@ -95,17 +97,19 @@ class QuantizeRowsSm90(RowKernel):
             scale = cute.arch.fmax(hi, -lo) / Float32(127.0) + probe
         else:
             scale = (hi - lo) / Float32(255.0) + probe
-        divisor = cutlass.select_(scale == Float32(0.0), Float32(1.0), scale)
+        inverse = Float32(1.0) / cutlass.select_(scale == Float32(0.0), Float32(1.0), scale)
         zero = Int32(0)
         if const_expr(not self.config.symmetric):
-            zero = Int32(-128) - _rint(lo / divisor)
+            zero = Int32(-128) - _rint(lo * inverse, -255, 0)
         quotients = cute.make_rmem_tensor_like(tXrX, Float32)
-        quotients.store(x / divisor)
+        quotients.store(x * inverse)
         tXrQ = cute.make_rmem_tensor_like(tXgQ)
-        for i in cutlass.range_constexpr(cute.size(quotients)):
-            code = _rint(quotients[i])
-            if const_expr(not self.config.symmetric):
-                code = cutlass.min(cutlass.max(code + zero, Int32(-128)), Int32(127))
+        for i in cutlass.range(cute.size(quotients), unroll_full=True):
+            if const_expr(self.config.symmetric):
+                code = _rint(quotients[i], -127, 127)
+            else:
+                code = _rint(quotients[i], -256, 255) + zero
+                code = cutlass.min(cutlass.max(code, Int32(-128)), Int32(127))
             tXrQ[i] = code.to(cutlass.Int8)
         store_fragment(tXrQ, tXgQ, pred)
         first = self._coords(mX, tile)[0]  # (row, column) of this thread's first element

@@ -1,18 +1,19 @@
 """int8 quantization and int8 GEMM references.
 
 ``quantize_int8_ref`` is the exact rule the quantize kernels follow, in float32 torch
-operations (so a kernel can match it bit for bit); ``gemm_int8_ref`` is float64.
+operations (so a kernel can match it bit for bit): one IEEE division per row (the inverse
+scale), then a multiply and a round half to even per element; ``gemm_int8_ref`` is float64.
 """
 
 import torch
 
 
 def int8_range_scale(x, dims, symmetric: bool):
-    """(scale, divisor, lo) of the reduction over ``dims`` (kept as size 1) of float32 ``x``.
+    """(scale, inverse, lo) of the reduction over ``dims`` (kept as size 1) of float32 ``x``.
 
     The range always includes 0: ``hi = max(x, 0)``, ``lo = min(x, 0)``. Symmetric:
     ``max(hi, -lo) / 127``; asymmetric: ``(hi - lo) / 255``. NaN where the slice holds a NaN
-    or an infinity. ``divisor``: the scale, or 1 where the scale is 0."""
+    or an infinity. ``inverse``: ``1 / scale`` (IEEE), or 1 where the scale is 0."""
     hi = x.amax(dim=dims, keepdim=True).clamp_min(0)
     lo = x.amin(dim=dims, keepdim=True).clamp_max(0)
     finite = torch.isfinite(x).all(dim=dims, keepdim=True)
@@ -22,16 +23,21 @@ def int8_range_scale(x, dims, symmetric: bool):
     scale = (torch.maximum(hi, -lo) if symmetric else hi - lo) / levels
     scale = torch.where(finite, scale, torch.full_like(scale, float("nan")))
     divisor = torch.where(scale == 0, torch.ones_like(scale), scale)
-    return scale, divisor, lo
+    return scale, torch.ones_like(divisor) / divisor, lo
 
 
-def int8_codes(x, divisor, lo, symmetric: bool):
-    """(q int8, zero int32 or None): ``rint(x / divisor)`` (NaN -> 0), with the zero point
-    ``-128 - rint(lo / divisor)`` added and saturated to [-128, 127] when asymmetric."""
-    codes = torch.nan_to_num(torch.round(x / divisor), nan=0.0).to(torch.int32)
+def int8_codes(x, inverse, lo, symmetric: bool):
+    """(q int8, zero int32 or None): ``rint(x * inverse)`` (NaN -> 0) saturated to
+    [-127, 127]; asymmetric: plus the zero point ``-128 - rint(lo * inverse)`` (``rint(..)``
+    saturated to [-255, 0]), saturated to [-128, 127]. (The saturation matters only where the
+    inverse of a tiny scale overflows to infinity.)"""
+    def rint(t, low, high):
+        return torch.round(t).nan_to_num(nan=0.0).clamp(low, high).to(torch.int32)
+
     if symmetric:
-        return codes.clamp(-127, 127).to(torch.int8), None
-    zero = -128 - torch.nan_to_num(torch.round(lo / divisor), nan=0.0).to(torch.int32)
+        return rint(x * inverse, -127, 127).to(torch.int8), None
+    codes = rint(x * inverse, -256, 255)
+    zero = -128 - rint(lo * inverse, -255, 0)
     return (codes + zero).clamp(-128, 127).to(torch.int8), zero
 
 
@@ -40,8 +46,8 @@ def quantize_int8_ref(x, granularity: str = "row", symmetric: bool = True):
     "row" -> (*x.shape[:-1], 1), "column" (2-D x) -> (1, N), "tensor" -> ()."""
     xf = x.float()
     dims = {"row": (-1,), "column": (0,), "tensor": tuple(range(x.dim()))}[granularity]
-    scale, divisor, lo = int8_range_scale(xf, dims, symmetric)
-    q, zero = int8_codes(xf, divisor, lo, symmetric)
+    scale, inverse, lo = int8_range_scale(xf, dims, symmetric)
+    q, zero = int8_codes(xf, inverse, lo, symmetric)
     if granularity == "tensor":
         scale = scale.reshape(())
         zero = None if zero is None else zero.reshape(())
