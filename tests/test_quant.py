@@ -272,3 +272,24 @@ def test_gemm_int8_repeated_calls_take_the_launch_plan_and_stay_correct():
     ref = gemm_int8_ref(view, b, sa, sb)
     out = ck.gemm_int8(view, b, scale_a=sa, scale_b=sb, out_dtype=torch.float32)
     assert ((out.double() - ref).abs() <= ref.abs() * 4 * 2 ** -24 + 1e-9).all()
+
+
+@gpu
+def test_int8_linear_launch_plan_matches_the_checked_path():
+    linear = torch.nn.Linear(256, 200, device="cuda", dtype=torch.bfloat16)
+    for asymmetric in (False, True):
+        layer = ck.Int8Linear.from_float(linear, asymmetric=asymmetric)
+        for shape in ((3, 5, 256), (1, 256), (64, 256)):
+            first = layer(torch.randn(shape, device="cuda", dtype=torch.bfloat16))  # checked, plans
+            x = torch.randn(shape, device="cuda", dtype=torch.bfloat16) + 1
+            planned = layer(x)
+            layer._plans.clear()
+            assert torch.equal(planned, layer(x)) and planned.shape == first.shape
+        # a misaligned input of a planned signature falls back to the checked path
+        buf = torch.randn(64 * 256 + 8, device="cuda", dtype=torch.bfloat16)
+        layer(buf[:64 * 256].view(64, 256))
+        odd = buf[1:1 + 64 * 256].view(64, 256)
+        layer._plans.clear()
+        expect = layer(odd.clone())
+        layer(buf[:64 * 256].view(64, 256))  # plan again
+        assert torch.equal(layer(odd), expect)

@@ -240,8 +240,9 @@ def gemm_int8(a_q, b_q, *, scale_a=None, scale_b=None, zero_point_a=None, b_sums
         launch, out_dtype, n_pad = plan
         m, n = a_q.shape[0], b_q.shape[0]
         d = torch.empty((m, n_pad), dtype=out_dtype, device=a_q.device)[:, :n]
+        flat = [None if t is None else t.view(-1) for t in (scale_a, scale_b, zero_point_a, b_sums)]
         try:
-            launch(a_q, b_q.t(), d, None, bias, scale_a, scale_b, 1.0, 0.0, zero_point_a, b_sums)
+            launch(a_q, b_q.t(), d, None, bias, flat[0], flat[1], 1.0, 0.0, flat[2], flat[3])
             return d
         except ValueError:  # a misaligned data pointer: the general path copies
             pass
@@ -311,9 +312,10 @@ def gemm_int8(a_q, b_q, *, scale_a=None, scale_b=None, zero_point_a=None, b_sums
         b = torch.nn.functional.pad(b.t(), (0, k_pad - b.shape[0])).t()
     gemm_int8_out(a, b, d, bias, scale_a, scale_b, zero_point_a, b_sums)
     if plan_key is not None and a is a_q and b.stride() == b_q.t().stride() and all(
-            x is y for x, y in zip(given, (scale_a, scale_b, zero_point_a, b_sums))):
-        # Operands and vectors went to the kernel as they came: the next call with the same
-        # shapes, strides and options may skip straight to the launch.
+            g is v or (g.is_contiguous() and g.numel() == v.numel())
+            for g, v in zip(given, (scale_a, scale_b, zero_point_a, b_sums)) if v is not None):
+        # Operands went to the kernel as they came and the vectors as flat views of what came:
+        # the next call with the same shapes, strides and options may skip to the launch.
         _plans[plan_key] = (_int8_kernel(a, b, d, bias, scale_a, scale_b, zero_point_a, b_sums),
                             out_dtype, n_pad)
     return d
@@ -384,6 +386,16 @@ class Int8Linear(torch.nn.Module):
         return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        key = None
+        if not torch.compiler.is_compiling() and isinstance(x, torch.Tensor):
+            key = (x.shape, x.stride(), x.dtype, x.device, self.asymmetric, self.bias is not None,
+                   self.weight_q.device)
+            plan = self._plans.get(key)
+            if plan is not None:
+                try:
+                    return plan(x)
+                except ValueError:  # a misaligned data pointer: the checked path
+                    pass
         check_tensor("x", x, FLOAT_DTYPES, self.weight_q)
         if x.shape[-1] != self.in_features:
             raise UnsupportedError(f"x has {x.shape[-1]} features in its last dim, this layer "
@@ -393,7 +405,46 @@ class Int8Linear(torch.nn.Module):
         y = gemm_int8(q, self.weight_q, scale_a=scale, scale_b=self.weight_scale,
                       zero_point_a=zero, b_sums=self.weight_sums if zero is not None else None,
                       bias=self.bias, out_dtype=x.dtype)
+        if key is not None and x.is_contiguous() and rows.shape[0] and self.in_features:
+            self._plans[key] = self._plan(rows.shape[0], x, q, scale, zero, y)
         return y.reshape(*x.shape[:-1], self.out_features)
+
+    @property
+    def _plans(self) -> dict:
+        """Eager launch plans by input signature (not module state: never saved)."""
+        plans = self.__dict__.get("_launch_plans")
+        if plans is None:
+            plans = self.__dict__["_launch_plans"] = {}
+        return plans
+
+    def _plan(self, m, x, q, scale, zero, y):
+        """A call of this layer for inputs like ``x`` (contiguous, seen and checked once): the
+        two compiled kernels launched straight, on fresh outputs."""
+        k, n, out_dtype = self.in_features, self.out_features, x.dtype
+        symmetric = zero is None
+        quantize = _quantize_kernels.aligned.get((x.dtype, symmetric, k))
+        if quantize is None:  # rows not 16-byte aligned: stay on the checked path
+            return None
+        scale_flat, zero_flat = scale.view(-1), None if symmetric else zero.view(-1)
+        sums = None if symmetric else self.weight_sums
+        gemm_launch = _int8_kernel(q, self.weight_q.t(), y, self.bias, scale_flat,
+                                   self.weight_scale, zero_flat, sums)
+        n_pad = -(-n * out_dtype.itemsize // 16) * 16 // out_dtype.itemsize
+        shape = (*x.shape[:-1], n)
+
+        def run(x):
+            q = torch.empty((m, k), dtype=torch.int8, device=x.device)
+            scale = torch.empty(m, dtype=torch.float32, device=x.device)
+            zero = None if symmetric else torch.empty(m, dtype=torch.int32, device=x.device)
+            quantize(x.view(m, k), q, scale, zero)
+            d = torch.empty((m, n_pad), dtype=out_dtype, device=x.device)
+            if n_pad != n:
+                d = d[:, :n]
+            gemm_launch(q, self.weight_q.t(), d, None, self.bias, scale, self.weight_scale, 1.0,
+                        0.0, zero, sums)
+            return d.view(shape) if n_pad == n else d.reshape(shape)
+
+        return run
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
