@@ -219,10 +219,11 @@ def test_256_row_tiles(cluster, majors):
 @gpu
 @pytest.mark.parametrize("kind", ["bf16", "bf16-cluster2", "bf16-one-warpgroup", "bf16-256x192-cluster2",
                                   "bf16-256x192-cluster1x2", "fp8-split", "fp8-128x192-cluster2"])
-@pytest.mark.parametrize("clusters", [7, 13])
+@pytest.mark.parametrize("clusters", [7, 13, 130])
 def test_stream_k_tail(kind, clusters):
     # The last partial wave cut along K: 96 tiles of 128 x 256 (1000 x 2896, K = 1040: 17 k-tiles)
-    # on 7 or 13 clusters leave a tail whose tiles are split across 2-4 clusters. Ragged M, N and
+    # on 7 or 13 clusters leave a tail whose tiles are split across 2-4 clusters; on 130 clusters
+    # (more than there are tiles: one partial wave) every tile is cut, 1-2 pieces each. Ragged M, N and
     # K, the full epilogue (bf16) or per-row / per-column scales (fp8), a poisoned output, two
     # launches (new tokens) and a CUDA graph replayed twice on new inputs (the same token: the
     # flags must have been cleared by the previous replay).
@@ -280,6 +281,26 @@ def test_stream_k_tail(kind, clusters):
         d.fill_(float("nan"))
         graph.replay()
         assert_close(d, fresh)
+
+
+@gpu
+@pytest.mark.parametrize("shape", [(100, 200, 64), (16, 4096, 8192), (1, 1000, 3000)])
+def test_stream_k_with_more_clusters_than_k_tiles_or_tiles(shape):
+    # One partial wave over the whole grid: one tile of one k-tile on 13 clusters (12 empty runs),
+    # and decode-sized products cut into many short runs.
+    from cute_kernels.gemm.config import GemmConfig
+    from cute_kernels.gemm.op import compiled_gemm, kernel_specs
+
+    m, n, k = shape
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()
+    for cfg in (GemmConfig(128, 256, 1, max_clusters=13, stream_k=True),
+                GemmConfig(64, 128, 1, max_clusters=132, stream_k=True)):
+        d = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        launch = compiled_gemm(cfg, kernel_specs(a, b, d, None, None, None, None, cfg))
+        for _ in range(2):
+            launch(a, b, d, None, None, None, None, 1.0, 0.0)
+            check(d, a, b)
 
 
 @gpu

@@ -1,12 +1,13 @@
 """Time GEMM configurations side by side with cuBLAS (L2-cold inputs, interleaved rounds).
 
-    python benchmarks/experiments/experiment_gemm.py [--shapes MxNxK,...] [--configs TMxTNxWGxCM[xEPINxEPISTAGES[xSWIZZLE]][nCN][k][p|s][t][wN],...] [--fp8 [--promote N]]
+    python benchmarks/experiments/experiment_gemm.py [--shapes MxNxK,...] [--configs TMxTNxWGxCM[xEPINxEPISTAGES[xSWIZZLE]][nCN][k][p|s][t][wN],...] [--fp8 [--promote N]] [--linear]
 
 ``nCN`` sets the cluster's CTAs along N (default 1); ``k`` the stream-K tail; a last ``wN`` (fp8)
 folds every N k-tiles instead of ``--promote``. A trailing ``p`` selects the ping-pong
 schedule (TM = 64: rows per warpgroup tile); a trailing ``s`` (fp8) the column-split promotion
 (``GemmConfig.fp8_split_n``); a last ``t`` runs the transposed problem (D^T = B^T A^T, the
 operands' roles and majors swapped, D written column-major).
+``--linear`` (bf16) gives B as ``nn.Linear`` stores a weight, (N, K) row-major passed transposed.
 Every configuration runs persistent (one CTA per SM at most, as many clusters as run at once).
 Each result is checked against cuBLAS before it is timed.
 """
@@ -38,6 +39,7 @@ def main():
     parser.add_argument("--fp8", action="store_true")
     parser.add_argument("--promote", type=int, default=4,
                         help="fp8: k-tiles per promotion into the fp32 accumulator (0: none, one accumulator)")
+    parser.add_argument("--linear", action="store_true", help="bf16 B as a transposed (N, K) weight")
     args = parser.parse_args()
     for m, n, k in parse(args.shapes, []):
         if args.fp8:
@@ -45,6 +47,10 @@ def main():
                 a = torch.randn(1, m, k, device="cuda").to(torch.float8_e4m3fn)
                 return a, torch.randn(1, n, k, device="cuda").to(torch.float8_e4m3fn).transpose(1, 2)
             sets = make_input_sets(make, m * k + k * n)
+        elif args.linear:
+            sets = make_input_sets(lambda: (torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16),
+                                            torch.randn(1, n, k, device="cuda", dtype=torch.bfloat16).transpose(1, 2)),
+                                   (m * k + k * n) * 2)
         else:
             sets = make_input_sets(lambda: (torch.randn(1, m, k, device="cuda", dtype=torch.bfloat16),
                                             torch.randn(1, k, n, device="cuda", dtype=torch.bfloat16)),

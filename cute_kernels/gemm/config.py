@@ -123,6 +123,16 @@ def _pingpong_charge(k: int) -> float:
 STREAM_K_MAX_PIECES = 16
 
 
+# A stream-K run of one partial wave (every tile cut) must cover at least this much of K per
+# cluster (``choose_config``).
+SINGLE_WAVE_MIN_RUN = 3072
+# 16-bit tiles for 128 < M <= 256, by measured throughput per tile (H200, 256 x N x K): 64 x 128
+# tiles in pairs along M ran 585 vs 423 TFLOP/s for 128 x 128 at 256 x 4096 x 14336 (128 vs 64
+# CTAs), 404 vs 390 at 256 x 6144 x 4096, and 489 vs 520 (128 x 128 with a stream-K tail) at
+# 256 x 10240 x 8192.
+SMALL_M_TILE_EFFICIENCY = {(128, 256): 1.0, (128, 128): 0.7, (64, 128): 0.6}
+
+
 def stream_k_tail_waves(fill: float, k: int) -> float:
     """Time of a stream-K tail in waves, for a last wave ``fill`` full: the tail's work, the
     partial exchange (0.3, measured), and beyond four pieces per tile 0.05 per piece at
@@ -157,13 +167,6 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
         tm, tn = shape
         return -(-tiles(tm, tn) // sm_count) * tm * tn / efficiency[shape]
 
-    if m <= 128:
-        # One MMA warpgroup per 64 rows: nothing wasted for M <= 64, and for M <= 128 twice the
-        # CTAs of a 128-row tile, in pairs sharing B (measured 341 vs 322 TFLOP/s for 128 x 128
-        # tiles at 128 x 8192 x 8192).
-        tile_m, tile_n = 64, 128
-    else:
-        tile_m, tile_n = min(efficiency, key=cost)
     exact_fp8 = itemsize == 1 and not fast_accum
 
     def clusters_and_tail(tm, tn, pingpong):
@@ -179,16 +182,43 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
         data-parallel: its tails lost at every fill measured (24% to 88%), an fp8 tile's
         mainloop being half a bf16 one's against the same 128 KB partial exchange. A nearly
         empty last wave stays data-parallel too (``STREAM_K_MAX_PIECES``)."""
-        enough = tiles(tm, tn) >= 2 * sm_count or 64 < m <= 128
+        enough = tiles(tm, tn) >= 2 * sm_count or 64 < m <= 256 and tm == 64
         one_cta = itemsize == 1 and tn == 256
         cm = 2 if enough and not one_cta and -(-m // tm) % 2 == 0 else 1
         clusters = max(1, sm_count // cm)
         cluster_tiles = -(-m // (tm * cm)) * -(-n // tn) * batch
         tail = cluster_tiles % clusters
-        stream_k = (itemsize == 2 and not pingpong and cluster_tiles > clusters
+        # With fewer tiles than clusters (one partial wave) every tile is cut, where each
+        # cluster's run still covers K >= SINGLE_WAVE_MIN_RUN (measured at M = 16 / 64:
+        # 1.2x at 4096 x 14336 and 1.27x at 8192 x 28672 (runs of 3475 / 13900); 0.74x at
+        # 6144 x 4096 (1489); at M = 128 x 4096 x 4096, 0.69x (1985)).
+        long_runs = cluster_tiles > clusters or tail * k >= SINGLE_WAVE_MIN_RUN * clusters
+        stream_k = (itemsize == 2 and not pingpong and long_runs
                     and 0 < tail <= 0.75 * clusters and k >= 2048
                     and clusters * 4096 <= STREAM_K_MAX_PIECES * k * tail)
         return cm, clusters, cluster_tiles, stream_k
+
+    def tile_cost(shape):
+        """Waves (a stream-K tail counted by ``stream_k_tail_waves``) times the tile's work over
+        its efficiency."""
+        _, clusters, cluster_tiles, stream_k_tail = clusters_and_tail(*shape, False)
+        waves = -(-cluster_tiles // clusters)
+        if stream_k_tail:
+            waves = min(waves, cluster_tiles // clusters
+                        + stream_k_tail_waves(cluster_tiles % clusters / clusters, k))
+        return waves * shape[0] * shape[1] / SMALL_M_TILE_EFFICIENCY[shape]
+
+    if m <= 128:
+        # One MMA warpgroup per 64 rows: nothing wasted for M <= 64, and for M <= 128 twice the
+        # CTAs of a 128-row tile, in pairs sharing B (measured 341 vs 322 TFLOP/s for 128 x 128
+        # tiles at 128 x 8192 x 8192).
+        tile_m, tile_n = 64, 128
+    elif m <= 256 and itemsize == 2:
+        # Few row blocks: 64-row tiles in pairs fill twice the SMs of 128-row ones, and the
+        # stream-K tails of each shape are counted (``SMALL_M_TILE_EFFICIENCY``).
+        tile_m, tile_n = min(SMALL_M_TILE_EFFICIENCY, key=tile_cost)
+    else:
+        tile_m, tile_n = min(efficiency, key=cost)
 
     # Short K makes the epilogue a large share of each tile: the ping-pong schedule hides it
     # (128 x 192 per warpgroup), where there are many waves, N wastes little on 192-wide tiles

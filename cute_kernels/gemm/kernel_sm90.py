@@ -219,7 +219,9 @@ class GemmSm90:
         cm_tiles, cn_tiles, total = cluster_tile_counts(
             d.shape[0], d.shape[1], d.shape[2], (cfg.tile_m, cfg.tile_n), self.cluster_mn)
         schedule = (cm_tiles, cn_tiles, total)
-        grid = (*self.cluster_mn, cutlass.min(total, cfg.max_clusters))
+        # Stream-K launches every cluster it may: with fewer tiles than clusters (one partial
+        # wave) all of them are cut along K over the whole grid.
+        grid = (*self.cluster_mn, cfg.max_clusters if cfg.stream_k else cutlass.min(total, cfg.max_clusters))
 
         @cute.struct
         class Storage:

@@ -555,7 +555,10 @@ def compile_configurations(quick: bool = False):
                         epilogue=Epilogue(scalar_scale_a=True, scalar_scale_b=True)),
              (fp8_row, fp8_col, out, None, None, f32, f32)),
             (GemmConfig(64, 128, 2, max_clusters=66, stream_k=True),
-             (bf16("row"), bf16("row"), out, None, None, None, None))):
+             (bf16("row"), bf16("row"), out, None, None, None, None)),
+            # decode-sized products: one partial wave of 64 x 128 tiles cut along K over the grid
+            (GemmConfig(64, 128, 1, max_clusters=132, stream_k=True),
+             (bf16("row"), bf16("col"), out, None, None, None, None))):
         found.append((GemmSm90, cfg, specs(cfg, operands)))
     return found
 
