@@ -84,7 +84,17 @@ def test_cross_entropy_configuration_compiles_without_spills(case):
         assert "st.async.shared::cluster" in report.ptx
 
 
-GEMM = gemm_op.compile_configurations()
+GEMM_ALL = gemm_op.compile_configurations()
+GEMM = [case for case in GEMM_ALL if case[0].__name__ == "GemmSm90"]
+PAD = [case for case in GEMM_ALL if case[0].__name__ == "PadRowsSm90"]
+
+
+@pytest.mark.parametrize("case", PAD, ids=[c[2][0].dtype for c in PAD])
+def test_gemm_padding_kernel_compiles_without_local_memory(case):
+    kernel, config, specs = case
+    report = inspect_kernel(kernel, config, specs, arch="sm_90a")
+    assert not report.local_memory, f"local memory / spills: {report.summary()}"
+    assert "st.global" in report.ptx
 
 
 def test_compile_report_catches_serialized_wgmma():

@@ -569,6 +569,27 @@ def test_repeated_calls_use_a_plan_and_stay_correct():
 
 
 @gpu
+def test_unaligned_k_plan_pads_each_call_and_stays_correct():
+    # K = 777: neither the activations' rows nor the (N, K) weight's are 16-byte multiples. The
+    # first call plans zero-padding along K; later calls (new data, a misaligned pointer, a
+    # bias) must still match float64.
+    from cute_kernels.gemm import op
+
+    w = torch.randn(1000, 777, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a = torch.randn(333, 777, device="cuda", dtype=torch.bfloat16)
+        check(ck.gemm(a, w.t()), a, w.t())
+    assert any(plan[-1] == 7 for plan in op._plans.values())
+    base = torch.randn(333 * 777 + 1, device="cuda", dtype=torch.bfloat16)
+    a = base[1:].view(333, 777)
+    check(ck.gemm(a, w.t()), a, w.t())
+    bias = torch.randn(1000, device="cuda", dtype=torch.bfloat16)
+    for _ in range(2):
+        y = ck.gemm(a, w.t(), bias=bias)
+        check(y, a, w.t(), extra=ref_mm(a, w.t()) + bias.double())
+
+
+@gpu
 def test_unit_alpha_kernel_refuses_other_alphas():
     from cute_kernels.gemm.config import GemmConfig
     from cute_kernels.gemm.op import compiled_gemm, kernel_specs

@@ -158,8 +158,37 @@ def gemm_out(a, b, d, c, bias, scale_a, scale_b, alpha: float, beta: float, acti
         a, b, d, c, bias, scale_a, scale_b, alpha, beta)
 
 
+# Decode-sized products (M <= DECODE_M against N >= DECODE_MIN_N) run transposed, D^T = B^T A^T:
+# the weight's rows fill the MMA's M and the few tokens its N (64 x 16 tiles, ``choose_config``),
+# instead of 64-row tiles that are mostly padding. Measured (H200, 16 tokens, weight (N, K)):
+# 50 vs 44 TFLOP/s at 4096 x 14336, 59 vs 53 at 28672 x 4096, 66 vs 61 at 8192 x 28672.
+DECODE_M, DECODE_MIN_N = 16, 256
+
+
 def _kernel_for(a, b, d, c, bias, scale_a, scale_b, activation, tuned=False, fast_accum=False,
                 scaled=False):
+    """The launcher for these operands (``_compiled_for``), decode-sized products transposed
+    (``DECODE_M``): the operands are swapped on every call, the output written transposed."""
+    if (a.shape[-2] <= DECODE_M and b.shape[-1] >= DECODE_MIN_N and a.element_size() == 2
+            and c is None and bias is None and scale_a is None and scale_b is None):
+        key = ("transposed", a.dim(), a.dtype, d.dtype, _major(a), _major(b), a.shape[-2:],
+               b.shape[-1], activation, scaled, tuned)
+        fn = _kernels.get(key)
+        if fn is None:
+            inner = _compiled_for(b.transpose(-1, -2), a.transpose(-1, -2), d.transpose(-1, -2),
+                                  None, None, None, None, activation, tuned, False, scaled)
+
+            def fn(a, b, d, c, bias, scale_a, scale_b, alpha, beta):
+                inner(b.transpose(-1, -2), a.transpose(-1, -2), d.transpose(-1, -2), None, None,
+                      None, None, alpha, beta)
+
+            _kernels[key] = fn
+        return fn
+    return _compiled_for(a, b, d, c, bias, scale_a, scale_b, activation, tuned, fast_accum, scaled)
+
+
+def _compiled_for(a, b, d, c, bias, scale_a, scale_b, activation, tuned=False, fast_accum=False,
+                  scaled=False):
     """The compiled kernel for these operands: configuration from ``choose_config``, or with
     ``tuned`` the fastest of a few timed on these operands (``tuning.py``). ``scaled``: alpha
     is not 1 (otherwise the epilogue skips the multiply)."""
@@ -391,10 +420,12 @@ def gemm(a, b, *, bias=None, alpha: float = 1.0, beta: float = 0.0, c=None, acti
         plan = _plans.get(key)
         if plan is not None and not (torch.is_grad_enabled() and (
                 a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad))):
-            fn, alloc, dtype, n = plan
+            fn, alloc, dtype, n, pad = plan
             d = torch.empty(alloc, dtype=dtype, device=a.device)
             d = d[..., :n] if alloc[-1] != n else d
             try:
+                if pad:  # rows TMA cannot read: both operands zero-padded along K, one launch
+                    a, b = _padded_pair(a, b, pad)
                 fn(a, b, d, None, bias, None, None, float(alpha), float(beta))
                 return d
             except ValueError:  # a misaligned data pointer: the general path copies
@@ -426,13 +457,48 @@ def gemm(a, b, *, bias=None, alpha: float = 1.0, beta: float = 0.0, c=None, acti
         return _Gemm.apply(a, b, bias, c, float(alpha), float(beta), activation, out_dtype, tuned)
     d = _run(a, b, out_dtype, bias, alpha, beta, c, activation, out, tuned=tuned)
     if key is not None and d.numel() and a.shape[-1]:
-        ready_a, ready_b = _prepare(a, b, 16 // a.element_size())
-        if ready_a is a and ready_b is b:  # TMA reads the operands as they are: no copies to plan
+        step = 16 // a.element_size()
+        ready_a, ready_b = _prepare(a, b, step)
+        pad = 0
+        if not (ready_a is a and ready_b is b) and _unaligned_k_only(a, b, step):
+            # Contiguous rows of a K that is no multiple of 16 bytes (a and a transposed (N, K)
+            # weight): the plan pads both along K with one op each, as ``_prepare`` would.
+            pad = ready_a.shape[-1] - a.shape[-1]
+            ready_a, ready_b = _padded_pair(a, b, pad)
+        elif not (ready_a is a and ready_b is b):
+            ready_a = None  # other copies: no plan
+        if ready_a is not None:
             n = d.shape[-1]
             alloc = (*d.shape[:-1], -(-n * out_dtype.itemsize // 16) * 16 // out_dtype.itemsize)
-            _plans[key] = (_kernel_for(a, b, d, None, bias, None, None, activation, tuned,
-                                       scaled=float(alpha) != 1.0), alloc, out_dtype, n)
+            _plans[key] = (_kernel_for(ready_a, ready_b, d, None, bias, None, None, activation,
+                                       tuned, scaled=float(alpha) != 1.0), alloc, out_dtype, n, pad)
     return d
+
+
+def _padded_pair(a, b, pad):
+    """(a, b) with K zero-padded by ``pad``: a (M, K) row-major and b = w.t() of a row-major
+    (N, K) w, copied by one launch of ``pad.PadRowsSm90`` into fresh row-major rows."""
+    from .pad import PadRowsSm90  # the kernel module: imported at the first compile
+
+    k = a.shape[1] + pad
+    a_pad = torch.empty((a.shape[0], k), dtype=a.dtype, device=a.device)
+    w_pad = torch.empty((b.shape[1], k), dtype=a.dtype, device=a.device)
+    get_kernel(PadRowsSm90, None, pad_specs(dtype_name(a.dtype)))(a, a_pad, b.t(), w_pad)
+    return a_pad, w_pad.t()
+
+
+def pad_specs(dtype: str) -> tuple:
+    """``PadRowsSm90``'s arguments: two (source rows of any stride, padded row-major rows)."""
+    src = TensorSpec(dtype, (Sym(), Sym()), (Sym(), 1), 2)
+    dst = TensorSpec(dtype, (Sym(), Sym(divisibility=8)), (Sym(divisibility=8), 1), 16)
+    return (src, dst, src, dst, StreamSpec())
+
+
+def _unaligned_k_only(a, b, step) -> bool:
+    """2-D a (M, K) and b = w.t() of a (N, K) w, both with contiguous rows, M and N > 1, and K
+    not a multiple of ``step`` elements (so only K keeps TMA from reading them)."""
+    return (a.dim() == 2 and b.dim() == 2 and a.shape[0] > 1 and b.shape[1] > 1
+            and a.is_contiguous() and b.t().is_contiguous() and a.shape[1] % step != 0)
 
 
 _plans: dict = {}  # eager launch plans of plain gemm calls (see ``gemm``)
@@ -556,10 +622,18 @@ def compile_configurations(quick: bool = False):
              (fp8_row, fp8_col, out, None, None, f32, f32)),
             (GemmConfig(64, 128, 2, max_clusters=66, stream_k=True),
              (bf16("row"), bf16("row"), out, None, None, None, None)),
-            # decode-sized products: one partial wave of 64 x 128 tiles cut along K over the grid
+            # decode-sized products: one partial wave of 64 x 128 tiles cut along K over the grid,
+            # and transposed (64 x 16 tiles, the weight as A, D written column-major)
             (GemmConfig(64, 128, 1, max_clusters=132, stream_k=True),
-             (bf16("row"), bf16("col"), out, None, None, None, None))):
+             (bf16("row"), bf16("col"), out, None, None, None, None)),
+            (GemmConfig(64, 16, 1, max_clusters=132, stream_k=True),
+             (bf16("row"), bf16("col"), bf16("col"), None, None, None, None)),
+            (GemmConfig(64, 16, 1, max_clusters=132), (bf16("row"), bf16("col"), bf16("col"), None, None,
+                                                       None, None))):
         found.append((GemmSm90, cfg, specs(cfg, operands)))
+    from .pad import PadRowsSm90
+    for dtype in ("bfloat16", "float16"):
+        found.append((PadRowsSm90, None, pad_specs(dtype)))
     return found
 
 
