@@ -158,19 +158,25 @@ def gemm_out(a, b, d, c, bias, scale_a, scale_b, alpha: float, beta: float, acti
         a, b, d, c, bias, scale_a, scale_b, alpha, beta)
 
 
-# Decode-sized products (M <= DECODE_M against N >= DECODE_MIN_N) run transposed, D^T = B^T A^T:
-# the weight's rows fill the MMA's M and the few tokens its N (64 x 16 tiles, ``choose_config``),
-# instead of 64-row tiles that are mostly padding. Measured (H200, 16 tokens, weight (N, K)):
-# 50 vs 44 TFLOP/s at 4096 x 14336, 59 vs 53 at 28672 x 4096, 66 vs 61 at 8192 x 28672.
-DECODE_M, DECODE_MIN_N = 16, 256
+# Decode-sized products (M <= DECODE_M) with a long K or many weight rows run transposed,
+# D^T = B^T A^T: the weight's rows fill the MMA's M and the few tokens its N (64 x 16 tiles,
+# ``choose_config``) instead of 64-row tiles that are mostly padding. Measured (H200, one grid
+# run each, ours / cuBLAS, weight (N, K)), transposed vs not: 1 x 4096 x 14336 0.89 vs 0.78x,
+# 16 x 4096 x 14336 0.91 vs 0.81x, 1 x 10240 x 8192 0.94 vs 0.88x, 16 x 8192 x 28672 1.06 vs
+# 0.96x, 16 x 28672 x 4096 1.00 vs 0.85x, 1 x 128256 x 4096 1.02 vs 0.86x; but at K = 4096 with
+# one wave of weight tiles it lost: 1 / 16 x 6144 x 4096 0.95 / 0.91 vs 1.06 / 1.10x,
+# 1 / 16 x 4096 x 4096 0.92 / 0.98 vs 1.07 / 1.05x (half the weight rows per pipeline stage).
+DECODE_M, DECODE_MIN_K, DECODE_MIN_N = 16, 8192, 128  # N: per SM (two waves of 64-row tiles)
 
 
 def _kernel_for(a, b, d, c, bias, scale_a, scale_b, activation, tuned=False, fast_accum=False,
                 scaled=False):
     """The launcher for these operands (``_compiled_for``), decode-sized products transposed
     (``DECODE_M``): the operands are swapped on every call, the output written transposed."""
-    if (a.shape[-2] <= DECODE_M and b.shape[-1] >= DECODE_MIN_N and a.element_size() == 2
-            and c is None and bias is None and scale_a is None and scale_b is None):
+    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
+    if (m <= DECODE_M and (k >= DECODE_MIN_K or n >= DECODE_MIN_N * sm_count(a.device.index or 0))
+            and a.element_size() == 2 and c is None and bias is None and scale_a is None
+            and scale_b is None):
         key = ("transposed", a.dim(), a.dtype, d.dtype, _major(a), _major(b), a.shape[-2:],
                b.shape[-1], activation, scaled, tuned)
         fn = _kernels.get(key)
@@ -424,8 +430,8 @@ def gemm(a, b, *, bias=None, alpha: float = 1.0, beta: float = 0.0, c=None, acti
             d = torch.empty(alloc, dtype=dtype, device=a.device)
             d = d[..., :n] if alloc[-1] != n else d
             try:
-                if pad:  # rows TMA cannot read: both operands zero-padded along K, one launch
-                    a, b = _padded_pair(a, b, pad)
+                if pad is not None:  # rows TMA cannot read: both zero-padded along K, one launch
+                    a, b = pad(a, b)
                 fn(a, b, d, None, bias, None, None, float(alpha), float(beta))
                 return d
             except ValueError:  # a misaligned data pointer: the general path copies
@@ -459,12 +465,12 @@ def gemm(a, b, *, bias=None, alpha: float = 1.0, beta: float = 0.0, c=None, acti
     if key is not None and d.numel() and a.shape[-1]:
         step = 16 // a.element_size()
         ready_a, ready_b = _prepare(a, b, step)
-        pad = 0
+        pad = None
         if not (ready_a is a and ready_b is b) and _unaligned_k_only(a, b, step):
             # Contiguous rows of a K that is no multiple of 16 bytes (a and a transposed (N, K)
-            # weight): the plan pads both along K with one op each, as ``_prepare`` would.
-            pad = ready_a.shape[-1] - a.shape[-1]
-            ready_a, ready_b = _padded_pair(a, b, pad)
+            # weight): the plan pads both along K in one launch, as ``_prepare`` would copy.
+            pad = _pair_padder(a.dtype, ready_a.shape[-1])
+            ready_a, ready_b = pad(a, b)
         elif not (ready_a is a and ready_b is b):
             ready_a = None  # other copies: no plan
         if ready_a is not None:
@@ -475,16 +481,21 @@ def gemm(a, b, *, bias=None, alpha: float = 1.0, beta: float = 0.0, c=None, acti
     return d
 
 
-def _padded_pair(a, b, pad):
-    """(a, b) with K zero-padded by ``pad``: a (M, K) row-major and b = w.t() of a row-major
-    (N, K) w, copied by one launch of ``pad.PadRowsSm90`` into fresh row-major rows."""
+def _pair_padder(dtype, k_padded: int):
+    """``pad(a, b)``: a (M, K) row-major and b = w.t() of a row-major (N, K) w, copied with K
+    zero-padded to ``k_padded`` into fresh row-major rows by one launch of ``pad.PadRowsSm90``;
+    returns (a, b) so padded."""
     from .pad import PadRowsSm90  # the kernel module: imported at the first compile
 
-    k = a.shape[1] + pad
-    a_pad = torch.empty((a.shape[0], k), dtype=a.dtype, device=a.device)
-    w_pad = torch.empty((b.shape[1], k), dtype=a.dtype, device=a.device)
-    get_kernel(PadRowsSm90, None, pad_specs(dtype_name(a.dtype)))(a, a_pad, b.t(), w_pad)
-    return a_pad, w_pad.t()
+    kernel = get_kernel(PadRowsSm90, None, pad_specs(dtype_name(dtype)))
+
+    def pad(a, b):
+        a_pad = torch.empty((a.shape[0], k_padded), dtype=a.dtype, device=a.device)
+        w_pad = torch.empty((b.shape[1], k_padded), dtype=a.dtype, device=a.device)
+        kernel(a, a_pad, b.t(), w_pad)
+        return a_pad, w_pad.t()
+
+    return pad
 
 
 def pad_specs(dtype: str) -> tuple:
@@ -497,8 +508,11 @@ def pad_specs(dtype: str) -> tuple:
 def _unaligned_k_only(a, b, step) -> bool:
     """2-D a (M, K) and b = w.t() of a (N, K) w, both with contiguous rows, M and N > 1, and K
     not a multiple of ``step`` elements (so only K keeps TMA from reading them)."""
-    return (a.dim() == 2 and b.dim() == 2 and a.shape[0] > 1 and b.shape[1] > 1
-            and a.is_contiguous() and b.t().is_contiguous() and a.shape[1] % step != 0)
+    if a.dim() != 2 or b.dim() != 2:
+        return False
+    k = a.shape[1]
+    return (a.shape[0] > 1 and b.shape[1] > 1 and k > 1 and k % step != 0
+            and a.stride() == (k, 1) and b.stride() == (1, k))
 
 
 _plans: dict = {}  # eager launch plans of plain gemm calls (see ``gemm``)
