@@ -36,6 +36,20 @@ def test_reference_quantize_rule_on_cpu():
     assert (dequantize_int8_ref(q, scale, zero) - x[:1].double()).abs().max() <= scale.item() / 2 + 1e-6
 
 
+def test_launch_plans_only_when_the_vectors_are_the_given_ones_flattened():
+    from cute_kernels.quant.int8 import _flat_views_of_given
+
+    scale = torch.rand(8, 1)
+    sums = torch.zeros(8, dtype=torch.int32)
+    zero = torch.zeros(1, dtype=torch.int32)
+    assert _flat_views_of_given((scale, None, None, None), (scale.view(-1), None, None, None))
+    # column sums computed by gemm_int8 (none given), a zero point expanded, a copy: no plan
+    assert not _flat_views_of_given((None, None, zero, None), (None, None, zero, sums))
+    assert not _flat_views_of_given((None, None, zero, sums), (None, None, zero.expand(8), sums))
+    strided = torch.rand(8, 2)[:, 0]
+    assert not _flat_views_of_given((strided,), (strided.contiguous(),))
+
+
 def test_gemm_int8_validates_before_any_kernel_runs():
     if not torch.cuda.is_available():
         with pytest.raises(ck.DeviceError):

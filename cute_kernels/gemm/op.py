@@ -573,8 +573,8 @@ def compile_configurations(quick: bool = False):
 
     tiles = [(128, 256, 1), (128, 256, 2), (128, 128, 1), (128, 128, 2), (64, 128, 1), (64, 128, 2)]
     found = []
-    for tm, tn, cm in tiles[:2] if quick else tiles:
-        for a_major, b_major in (("row", "row"),) if quick else (("row", "row"), ("col", "row"), ("row", "col"), ("col", "col")):
+    for tm, tn, cm in tiles:
+        for a_major, b_major in (("row", "row"), ("col", "row"), ("row", "col"), ("col", "col")):
             cfg = GemmConfig(tm, tn, cm, max_clusters=132 // cm)
             found.append((GemmSm90, cfg, specs(cfg, (bf16(a_major), bf16(b_major), out, None, None, None, None))))
     for epi in (Epilogue(bias=True, activation="gelu_tanh"), Epilogue(residual=True, activation="relu"),
@@ -648,6 +648,11 @@ def compile_configurations(quick: bool = False):
     from .pad import PadRowsSm90
     for dtype in ("bfloat16", "float16"):
         found.append((PadRowsSm90, None, pad_specs(dtype)))
+    if quick:  # one of each kind: the two bf16 tiles, fp8 exact and fast, ping-pong, stream-K
+        kinds = (lambda c: c.fp8_promote_every == 1, lambda c: c.fp8_promote_every == 0 and c.epilogue.row_scale,
+                 lambda c: c.pingpong, lambda c: c.stream_k)
+        found = found[:2] + [next(case for case in found if case[1] is not None and kind(case[1]))
+                             for kind in kinds]
     return found
 
 

@@ -311,9 +311,8 @@ def gemm_int8(a_q, b_q, *, scale_a=None, scale_b=None, zero_point_a=None, b_sums
         a = torch.nn.functional.pad(a, (0, k_pad - a.shape[1]))
         b = torch.nn.functional.pad(b.t(), (0, k_pad - b.shape[0])).t()
     gemm_int8_out(a, b, d, bias, scale_a, scale_b, zero_point_a, b_sums)
-    if plan_key is not None and a is a_q and b.stride() == b_q.t().stride() and all(
-            g is v or (g.is_contiguous() and g.numel() == v.numel())
-            for g, v in zip(given, (scale_a, scale_b, zero_point_a, b_sums)) if v is not None):
+    if (plan_key is not None and a is a_q and b.stride() == b_q.t().stride()
+            and _flat_views_of_given(given, (scale_a, scale_b, zero_point_a, b_sums))):
         # Operands went to the kernel as they came and the vectors as flat views of what came:
         # the next call with the same shapes, strides and options may skip to the launch.
         _plans[plan_key] = (_int8_kernel(a, b, d, bias, scale_a, scale_b, zero_point_a, b_sums),
@@ -322,6 +321,17 @@ def gemm_int8(a_q, b_q, *, scale_a=None, scale_b=None, zero_point_a=None, b_sums
 
 
 _plans: dict = {}  # eager launch plans of gemm_int8 calls (see ``gemm_int8``)
+
+
+def _flat_views_of_given(given, used) -> bool:
+    """Whether each vector the kernel used is the one given or a flat view of it (given
+    contiguous, same size): not computed here (column sums), expanded or copied."""
+    for g, v in zip(given, used):
+        if v is None:
+            continue
+        if g is None or not (g is v or (g.is_contiguous() and g.numel() == v.numel())):
+            return False
+    return True
 
 
 def _plan_key(a_q, b_q, *optional):
