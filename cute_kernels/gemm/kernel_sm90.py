@@ -520,7 +520,7 @@ class GemmSm90:
                     tiled_mma = self.issue_fold_mmas(tiled_mma, mma_acc, tCrA, tCrB, read.index, h)
                     cute.nvgpu.warpgroup.wait_group(0)
                     acc_h = acc[(None, 0, h)]
-                    acc_h.store(acc_h.load() + mma_acc[(None, 0, 0)].load())
+                    self.fold(acc_h, mma_acc[(None, 0, 0)])
                     cute.nvgpu.warpgroup.fence()
                 mainloop.consumer_release(release)
                 release.advance()
@@ -539,8 +539,8 @@ class GemmSm90:
                             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True if kb > 0 else k > k0)
                         elif const_expr(first_overwrites and kb < 2):
                             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True if kb > 0 else k > k_first)
-                        cute.gemm(tiled_mma, mma_acc, tCrA[(None, None, kb, read.index)],
-                                  tCrB[(None, None, kb, read.index)], mma_acc)
+                        cute.gemm(tiled_mma, mma_acc, *self.stage_operands(tCrA, tCrB, kb, read.index),
+                                  mma_acc)
                     cute.nvgpu.warpgroup.commit_group()
                     cute.nvgpu.warpgroup.wait_group(1)
                     if k > k_first:
@@ -549,7 +549,7 @@ class GemmSm90:
                     read.advance()
                 if const_expr(promote > 0):
                     cute.nvgpu.warpgroup.wait_group(0)
-                    acc.store(acc.load() + mma_acc.load())
+                    self.fold(acc, mma_acc)
                     cute.nvgpu.warpgroup.fence()
             if const_expr(hand_over is not None):
                 if hand_over[1]:
@@ -560,6 +560,17 @@ class GemmSm90:
                 release.advance()
         return tiled_mma, read, release
 
+    def stage_operands(self, tCrA, tCrB, kb, stage):
+        """The MMA operands of k-block ``kb`` of shared-memory stage ``stage``: the stage's A and
+        B descriptors as loaded. The step between a stage and its MMAs -- a subclass whose
+        operands arrive encoded (packed 4-bit weights) decodes them here."""
+        return tCrA[(None, None, kb, stage)], tCrB[(None, None, kb, stage)]
+
+    def fold(self, acc, mma_acc):
+        """``acc += mma_acc``: the MMA accumulator folded into the epilogue's accumulator (fp8
+        promotion; a subclass with per-block scales along K applies them here)."""
+        acc.store(acc.load() + mma_acc.load())
+
     @cute.jit
     def issue_fold_mmas(self, tiled_mma, mma_acc, tCrA, tCrB, stage, half: cutlass.Constexpr):
         """fp8 with a fold every k-tile: the MMAs of one k-tile in shared-memory stage ``stage``
@@ -567,10 +578,10 @@ class GemmSm90:
         ``fp8_split_n`` only column half ``half``. Returns the MMA (its accumulate flag changes)."""
         for kb in cutlass.range_constexpr(cute.size(tCrA, mode=[2])):
             tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, kb > 0)
-            b = tCrB[(None, None, kb, stage)]
+            a, b = self.stage_operands(tCrA, tCrB, kb, stage)
             if const_expr(self.config.fp8_split_n):
                 b = cute.logical_divide(tCrB, (None, 1))[(None, (None, half), kb, stage)]
-            cute.gemm(tiled_mma, mma_acc, tCrA[(None, None, kb, stage)], b, mma_acc)
+            cute.gemm(tiled_mma, mma_acc, a, b, mma_acc)
         cute.nvgpu.warpgroup.commit_group()
         return tiled_mma
 
