@@ -93,6 +93,16 @@ def quantize_int8(x, granularity: str = "row", symmetric: bool = True):
         pass
       - no autograd (quantization is not differentiable)
     """
+    if (type(x) is torch.Tensor and granularity == "row" and symmetric is True and x.is_cuda
+            and x.dim() == 2 and x.dtype in FLOAT_DTYPES and x.is_contiguous() and x.numel()
+            and x.shape[1] <= 524288 and not torch.compiler.is_compiling()):
+        # The common eager call, symmetric (M, K) rows: straight to the kernel lookup (host
+        # time is what per-token quantization of a few tokens costs).
+        m = x.shape[0]
+        q = torch.empty(x.shape, dtype=torch.int8, device=x.device)
+        scale = torch.empty((m, 1), dtype=torch.float32, device=x.device)
+        _quantize_kernels((x.dtype, True, x.shape[1]), (x, q), x, q, scale.view(m), None)
+        return q, scale, None
     check_tensor("x", x, FLOAT_DTYPES)
     if granularity not in GRANULARITIES:
         raise UnsupportedError(f"granularity={granularity!r}; supported: {GRANULARITIES}")
