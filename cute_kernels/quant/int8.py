@@ -16,7 +16,7 @@ import torch
 from ..gemm.config import Epilogue, choose_config
 from ..gemm.op import _aligned, _canonical, _major, _padded_row_major, _scale_kind, _tma_ready
 from ..gemm.op import compiled_gemm, kernel_specs
-from ..reference.quant import int8_codes, int8_range_scale
+from ..reference.quant import quantize_int8_ref
 from ..rowwise.config import row_config
 from ..rowwise.dispatch import RowKernels, widest_itemsize
 from ..runtime import DTypeError, StreamSpec, Sym, TensorSpec, UnsupportedError, kernel_op
@@ -125,13 +125,7 @@ def quantize_int8(x, granularity: str = "row", symmetric: bool = True):
         scale = torch.empty(shape if granularity != "tensor" else (), device=x.device)
         zero = None if symmetric else torch.empty_like(scale, dtype=torch.int32)
         return torch.empty_like(x, dtype=torch.int8), scale, zero
-    xf = x.float()
-    scale, inverse, lo = int8_range_scale(xf, dims, symmetric)
-    q, zero = int8_codes(xf, inverse, lo, symmetric)
-    if granularity == "tensor":
-        scale = scale.reshape(())
-        zero = None if zero is None else zero.reshape(())
-    return q, scale, zero
+    return quantize_int8_ref(x, granularity, symmetric)  # the rule itself, in torch operations
 
 
 def _quantize_rows(x, symmetric):
@@ -523,7 +517,7 @@ def compile_configurations(quick: bool = False):
 def self_checks():
     """Rows of the ``python -m cute_kernels`` table for int8: the exact int32 product against
     ``torch._int_mm`` and the per-row quantize against its torch rule (both must be exact)."""
-    from ..reference.quant import gemm_int8_ref, quantize_int8_ref
+    from ..reference.quant import gemm_int8_ref
     from ..runtime.selfcheck import SelfCheck
 
     a = torch.randint(-128, 128, (4096, 4096), device="cuda", dtype=torch.int8)
