@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Results, bench_many, ceilings, make_input_sets, tflops, try_import, usable  # noqa: E402
+from harness import Results, bench_many, ceilings, host_us, make_input_sets, tflops, try_import, usable  # noqa: E402
 
 import cute_kernels as ck  # noqa: E402
 
@@ -65,27 +65,10 @@ def grid_rows(results, quack) -> None:
         results.add("gemm", "gemm_bf16_linear", (m, n, k), dtype, "TFLOPs", rates.pop("ours"), rates, **extra)
     a = torch.randn(333, 777, device="cuda", dtype=dtype)
     w = torch.randn(1000, 777, device="cuda", dtype=dtype)
-    host = _host_us({"ours": ck.gemm, "torch": torch.matmul}, a, w.t())
+    host = host_us({"ours": ck.gemm, "torch": torch.matmul}, a, w.t())
     print(f"host time 333x1000x777 (weight (N, K) transposed): ours {host['ours']:.2f} us, "
           f"torch.matmul {host['torch']:.2f} us")
     results.data.setdefault("runtime", {})["gemm_333x1000x777_host_us"] = {k: round(v, 2) for k, v in host.items()}
-
-
-def _host_us(fns: dict, a, b, calls: int = 3000) -> dict:
-    """Host time per call (us) of each function on (a, b), after a warm-up."""
-    import time
-
-    host = {}
-    for name, fn in fns.items():
-        for _ in range(200):
-            fn(a, b)
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn(a, b)
-        host[name] = (time.perf_counter() - start) / calls * 1e6
-        torch.cuda.synchronize()
-    return host
 
 
 def main():
@@ -146,7 +129,7 @@ def main():
     # Host overhead of a tiny call.
     a = torch.randn(64, 64, device="cuda", dtype=dtype)
     b = torch.randn(64, 64, device="cuda", dtype=dtype)
-    host = _host_us({"ours": ck.gemm, "torch": torch.matmul}, a, b)
+    host = host_us({"ours": ck.gemm, "torch": torch.matmul}, a, b)
     print(f"host time 64x64x64: ours {host['ours']:.2f} us, torch.matmul {host['torch']:.2f} us")
     results.data.setdefault("runtime", {})["gemm_64_host_us"] = {k: round(v, 2) for k, v in host.items()}
     results.save()

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Results, bench_many, ceilings, gbps, make_input_sets, tflops, usable  # noqa: E402
+from harness import Results, bench_many, ceilings, gbps, host_us, make_input_sets, tflops, usable  # noqa: E402
 
 import cute_kernels as ck  # noqa: E402
 from cute_kernels.reference import quantize_int8_ref  # noqa: E402
@@ -88,23 +88,13 @@ def linear_rows(results, shapes):
 def host_times(results):
     """Host time per call (us) of a decode-sized Int8Linear and the nn.Linear it replaces, with
     the GPU work queued behind (the CPU is the limit at these sizes)."""
-    import time
-
     linear = torch.nn.Linear(4096, 4096, device="cuda", dtype=torch.bfloat16)
     layer = ck.Int8Linear.from_float(linear)
     x = torch.randn(16, 4096, device="cuda", dtype=torch.bfloat16)
-    host = {}
     with torch.no_grad():
-        for name, fn in (("ours", layer), ("nn_linear", linear),
-                         ("quantize_int8", lambda t: ck.quantize_int8(t))):
-            for _ in range(100):
-                fn(x)
-            torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(2000):
-                fn(x)
-            host[name] = round((time.perf_counter() - start) / 2000 * 1e6, 2)
-            torch.cuda.synchronize()
+        host = host_us({"ours": layer, "nn_linear": linear, "quantize_int8": ck.quantize_int8}, x,
+                       calls=2000)
+    host = {k: round(v, 2) for k, v in host.items()}
     print(f"host time 16x4096x4096: Int8Linear {host['ours']} us, nn.Linear {host['nn_linear']} us, "
           f"quantize_int8 {host['quantize_int8']} us")
     results.data.setdefault("runtime", {})["int8_linear_16x4096x4096_host_us"] = host
