@@ -590,6 +590,29 @@ def test_unaligned_k_plan_pads_each_call_and_stays_correct():
 
 
 @gpu
+@pytest.mark.parametrize("lmnk", [(None, 1, 4096, 8192), (None, 16, 1000, 14336), (None, 3, 17000, 512),
+                                  (None, 16, 256, 8192), (None, 5, 300, 20000), (1, 16, 256, 8192),
+                                  (3, 16, 256, 8192), (2, 1, 520, 9000)])
+def test_decode_sized_products_run_transposed_and_match(lmnk):
+    # M <= 16 with a long K or many weight rows: D^T = W x^T on 64 x 16 tiles, D written
+    # column-major; weights as nn.Linear stores them and as a plain (K, N) matrix, poisoned out;
+    # batched products of the same M, N, K but other batch sizes get their own kernels.
+    from cute_kernels.gemm import op
+
+    batch, m, n, k = lmnk
+    lead = () if batch is None else (batch,)
+    a = torch.randn(*lead, m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(*lead, n, k, device="cuda", dtype=torch.bfloat16)
+    for b in (w.transpose(-1, -2), w.transpose(-1, -2).contiguous()):
+        for _ in range(2):  # the second call takes the launch plan
+            check(ck.gemm(a, b), a, b)
+        out = torch.full((*lead, m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+        assert ck.gemm(a, b, out=out) is out
+        check(out, a, b)
+    assert any(key[0] == "transposed" for key in op._kernels if isinstance(key, tuple) and key)
+
+
+@gpu
 def test_unit_alpha_kernel_refuses_other_alphas():
     from cute_kernels.gemm.config import GemmConfig
     from cute_kernels.gemm.op import compiled_gemm, kernel_specs

@@ -183,7 +183,7 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
         mainloop being half a bf16 one's against the same 128 KB partial exchange. A nearly
         empty last wave stays data-parallel too (``STREAM_K_MAX_PIECES``)."""
         enough = tiles(tm, tn) >= 2 * sm_count or 64 < m <= 256 and tm == 64
-        one_cta = itemsize == 1 and tn == 256
+        one_cta = itemsize == 1 and tn == 256 or tn == 16  # (no B worth sharing at N = 16)
         cm = 2 if enough and not one_cta and -(-m // tm) % 2 == 0 else 1
         clusters = max(1, sm_count // cm)
         cluster_tiles = -(-m // (tm * cm)) * -(-n // tn) * batch
@@ -208,7 +208,11 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
                         + stream_k_tail_waves(cluster_tiles % clusters / clusters, k))
         return waves * shape[0] * shape[1] / SMALL_M_TILE_EFFICIENCY[shape]
 
-    if m <= 128:
+    if n <= 16 and m > 128 and itemsize == 2:
+        # A few output columns (decode-sized products run transposed, gemm/op.py): 64 x 16
+        # tiles stream A at full width; B is a sliver.
+        tile_m, tile_n = 64, 16
+    elif m <= 128:
         # One MMA warpgroup per 64 rows: nothing wasted for M <= 64, and for M <= 128 twice the
         # CTAs of a 128-row tile, in pairs sharing B (measured 341 vs 322 TFLOP/s for 128 x 128
         # tiles at 128 x 8192 x 8192).
