@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import cute_kernels as ck
 from cute_kernels.reference import gemm_ref as ref_mm
-from cute_kernels.gemm.config import choose_config
+from cute_kernels.gemm.config import Epilogue, choose_config
 
 gpu = pytest.mark.gpu
 
@@ -31,6 +31,25 @@ def check(ours, a, b, out_dtype=None, extra=None):
 
 
 # ---------------------------------------------------------------- no GPU needed
+
+
+def test_skinny_products_take_transposed_configurations():
+    # M <= 16 against >= 2048 weight rows, or M <= 64 where 128-column tiles would leave most
+    # SMs idle: D^T = B^T A^T, 64-row tiles as wide as M (rounded to 16), data-parallel.
+    from cute_kernels.gemm.op import heuristic_config
+
+    def config(m, n, k, dtype=torch.bfloat16, **extras):
+        a, w = torch.empty(m, k, dtype=dtype), torch.empty(n, k, dtype=dtype)
+        return heuristic_config(a, w.t(), extras.get("c"), extras.get("bias"), None, None, Epilogue(), False, 132)
+
+    for m, n, k, tile_n in ((1, 4096, 4096, 16), (16, 14336, 4096, 16), (17, 4096, 14336, 32),
+                            (40, 2500, 4096, 48), (64, 4096, 14336, 64)):
+        cfg = config(m, n, k)
+        assert cfg.swap_ab and (cfg.tile_m, cfg.tile_n, cfg.stream_k) == (64, tile_n, False), (m, n, k, cfg)
+    for m, n, k in ((16, 1000, 4096), (64, 8192, 4096), (65, 4096, 14336), (128, 4096, 4096)):
+        assert not config(m, n, k).swap_ab, (m, n, k)
+    assert not config(16, 4096, 4096, bias=torch.empty(4096)).swap_ab  # a bias runs along N
+    assert not config(16, 4096, 4096, dtype=torch.float8_e4m3fn).swap_ab
 
 
 def test_heuristic_covers_shapes():
@@ -587,29 +606,45 @@ def test_unaligned_k_plan_pads_each_call_and_stays_correct():
     for _ in range(2):
         y = ck.gemm(a, w.t(), bias=bias)
         check(y, a, w.t(), extra=ref_mm(a, w.t()) + bias.double())
+    # The padded copies are kept per stream and rewritten by each call: results of earlier
+    # calls stay theirs, and a call on another stream gets its own copies.
+    pairs = [(torch.randn(333, 777, device="cuda", dtype=torch.bfloat16),
+              torch.randn(1000, 777, device="cuda", dtype=torch.bfloat16)) for _ in range(3)]
+    outs = [ck.gemm(x, v.t()) for x, v in pairs]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        on_side = [ck.gemm(x, v.t()) for x, v in pairs]
+    torch.cuda.current_stream().wait_stream(side)
+    for (x, v), y, z in zip(pairs, outs, on_side):
+        check(y, x, v.t())
+        check(z, x, v.t())
 
 
 @gpu
-@pytest.mark.parametrize("lmnk", [(None, 1, 4096, 8192), (None, 16, 1000, 14336), (None, 3, 17000, 512),
-                                  (None, 16, 256, 8192), (None, 5, 300, 20000), (1, 16, 256, 8192),
-                                  (3, 16, 256, 8192), (2, 1, 520, 9000)])
-def test_decode_sized_products_run_transposed_and_match(lmnk):
-    # M <= 16 with a long K or many weight rows: D^T = W x^T on 64 x 16 tiles, D written
+@pytest.mark.parametrize("lmnk", [(None, 1, 4096, 8192), (None, 16, 2048, 14336), (None, 3, 17000, 512),
+                                  (None, 40, 2500, 4096), (None, 64, 4096, 1000), (None, 17, 3000, 520),
+                                  (None, 16, 1000, 14336), (None, 64, 8192, 512), (1, 16, 2048, 8192),
+                                  (3, 16, 2048, 1024), (2, 1, 2600, 9000), (2, 33, 2048, 256)])
+def test_skinny_products_run_transposed_and_match(lmnk):
+    # M <= 64 against many weight rows: D^T = W x^T on 64 x 16..64 tiles, D written
     # column-major; weights as nn.Linear stores them and as a plain (K, N) matrix, poisoned out;
-    # batched products of the same M, N, K but other batch sizes get their own kernels.
+    # batched products of the same M, N, K but other batch sizes get their own kernels. The
+    # last two 2-D shapes stay untransposed (the rule's other side).
     from cute_kernels.gemm import op
 
     batch, m, n, k = lmnk
     lead = () if batch is None else (batch,)
     a = torch.randn(*lead, m, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(*lead, n, k, device="cuda", dtype=torch.bfloat16)
+    config = op.heuristic_config(a, w.transpose(-1, -2), None, None, None, None, Epilogue(), False, 132)
+    assert config.swap_ab == (lmnk not in ((None, 16, 1000, 14336), (None, 64, 8192, 512)))
     for b in (w.transpose(-1, -2), w.transpose(-1, -2).contiguous()):
         for _ in range(2):  # the second call takes the launch plan
             check(ck.gemm(a, b), a, b)
         out = torch.full((*lead, m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
         assert ck.gemm(a, b, out=out) is out
         check(out, a, b)
-    assert any(key[0] == "transposed" for key in op._kernels if isinstance(key, tuple) and key)
 
 
 @gpu

@@ -101,7 +101,7 @@ def main():
         else:
             fns["cublas"] = lambda a, b: torch.matmul(a[0], b[0])
         ms = bench_many(fns, sets, rounds=3, reps=20)
-        line = "  ".join(f"{key} {tflops(2 * m * n * k, v):.0f}" for key, v in ms.items())
+        line = "  ".join(f"{key} {tflops(2 * m * n * k, v):.3g}" for key, v in ms.items())
         print(f"{m}x{n}x{k} TFLOP/s: {line}", flush=True)
 
 

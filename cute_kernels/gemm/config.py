@@ -65,6 +65,10 @@ class GemmConfig:
     # next tile's first k-tile on the tensor cores, whose MMA accumulator is free then (the last
     # tile's epilogue runs one extra k-tile, so it pays where CTAs have several tiles).
     epilogue_mma: bool = False
+    # The kernel computes D^T = B^T A^T: its A is the caller's B transposed (the weight's rows
+    # along the MMA's M), its B the caller's A, its D the caller's D transposed; tile_m / tile_n
+    # count rows of that problem (gemm/op.py runs skinny products so). No C, bias or scales.
+    swap_ab: bool = False
     epi_n: int = 32  # output columns per epilogue sub-tile (one TMA store each)
     epi_stages: int = 4  # shared-memory buffers of epilogue sub-tiles (stores in flight)
 
@@ -130,7 +134,20 @@ SINGLE_WAVE_MIN_RUN = 3072
 # tiles in pairs along M ran 585 vs 423 TFLOP/s for 128 x 128 at 256 x 4096 x 14336 (128 vs 64
 # CTAs), 404 vs 390 at 256 x 6144 x 4096, and 489 vs 520 (128 x 128 with a stream-K tail) at
 # 256 x 10240 x 8192.
-SMALL_M_TILE_EFFICIENCY = {(128, 256): 1.0, (128, 128): 0.7, (64, 128): 0.6}
+# 128 x 160 tiles in pairs along M (as many as 132 SMs hold at N = 10240: 64 column tiles) ran
+# 714 vs 492 TFLOP/s (128 x 256 with a stream-K tail; cuBLAS 703) and 513 (128 x 128, a stream-K
+# tail) at 256 x 10240 x 8192, 442 vs 327 (128 x 128) at 192 x 8192 x 8192; but 606 vs 663 at
+# 256 x 8192 x 8192 (128 x 128 tiles filling 128 SMs), 337 vs 583 (64 x 128 pairs) at
+# 256 x 4096 x 14336, 426 vs 488 at 256 x 6144 x 4096 (a last wave 59% full; cuBLAS 520). The
+# two 256 x 8192 / 10240 x 8192 measurements put its efficiency at 0.8 against 128 x 128's 0.7.
+SMALL_M_TILE_EFFICIENCY = {(128, 256): 1.0, (128, 160): 0.8, (128, 128): 0.7, (64, 128): 0.6}
+NARROW_TILE_MIN_FILL = 0.7
+# A single partial wave of 64-row tiles is cut along K only while fewer tiles than half the
+# clusters would run data-parallel: from there the data-parallel grid streams the weights as
+# fast (memory-bound at these sizes) without the partial sums (measured, data-parallel vs stream-K: 225 vs 199
+# TFLOP/s at 64 x 14336 x 4096 (112 tiles), 220 vs 210 at 64 x 10240 x 8192 (80); 155 vs 179
+# at 64 x 4096 x 14336 (32)).
+SINGLE_WAVE_MAX_FILL = 0.5
 
 
 def stream_k_tail_waves(fill: float, k: int) -> float:
@@ -182,8 +199,11 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
         data-parallel: its tails lost at every fill measured (24% to 88%), an fp8 tile's
         mainloop being half a bf16 one's against the same 128 KB partial exchange. A nearly
         empty last wave stays data-parallel too (``STREAM_K_MAX_PIECES``)."""
-        enough = tiles(tm, tn) >= 2 * sm_count or 64 < m <= 256 and tm == 64
-        one_cta = itemsize == 1 and tn == 256 or tn == 16  # (no B worth sharing at N = 16)
+        # (the two 128 x 160 tiles of 128 < M <= 256 always pair: measured 714 vs 699 TFLOP/s
+        # at 256 x 10240 x 8192, 673 vs 641 at 256 x 28672 x 4096)
+        enough = (tiles(tm, tn) >= 2 * sm_count or 64 < m <= 256 and tm == 64
+                  or 128 < m <= 256 and tn == 160)
+        one_cta = itemsize == 1 and tn == 256 or tn <= 64  # (no B worth sharing: skinny tiles)
         cm = 2 if enough and not one_cta and -(-m // tm) % 2 == 0 else 1
         clusters = max(1, sm_count // cm)
         cluster_tiles = -(-m // (tm * cm)) * -(-n // tn) * batch
@@ -192,26 +212,30 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
         # cluster's run still covers K >= SINGLE_WAVE_MIN_RUN (measured at M = 16 / 64:
         # 1.2x at 4096 x 14336 and 1.27x at 8192 x 28672 (runs of 3475 / 13900); 0.74x at
         # 6144 x 4096 (1489); at M = 128 x 4096 x 4096, 0.69x (1985)).
-        long_runs = cluster_tiles > clusters or tail * k >= SINGLE_WAVE_MIN_RUN * clusters
-        stream_k = (itemsize == 2 and not pingpong and long_runs
+        long_runs = cluster_tiles > clusters or (tail * k >= SINGLE_WAVE_MIN_RUN * clusters
+                                                 and (tm > 64 or tail < SINGLE_WAVE_MAX_FILL * clusters))
+        stream_k = (itemsize == 2 and not pingpong and long_runs and tn > 64
                     and 0 < tail <= 0.75 * clusters and k >= 2048
                     and clusters * 4096 <= STREAM_K_MAX_PIECES * k * tail)
         return cm, clusters, cluster_tiles, stream_k
 
     def tile_cost(shape):
         """Waves (a stream-K tail counted by ``stream_k_tail_waves``) times the tile's work over
-        its efficiency."""
+        its efficiency; 128 x 160 tiles only where their last wave is at least
+        ``NARROW_TILE_MIN_FILL`` full (they are there to round waves)."""
         _, clusters, cluster_tiles, stream_k_tail = clusters_and_tail(*shape, False)
+        if shape == (128, 160) and cluster_tiles % clusters and cluster_tiles % clusters < NARROW_TILE_MIN_FILL * clusters:
+            return float("inf")
         waves = -(-cluster_tiles // clusters)
         if stream_k_tail:
             waves = min(waves, cluster_tiles // clusters
                         + stream_k_tail_waves(cluster_tiles % clusters / clusters, k))
         return waves * shape[0] * shape[1] / SMALL_M_TILE_EFFICIENCY[shape]
 
-    if n <= 16 and m > 128 and itemsize == 2:
-        # A few output columns (decode-sized products run transposed, gemm/op.py): 64 x 16
-        # tiles stream A at full width; B is a sliver.
-        tile_m, tile_n = 64, 16
+    if n <= 64 and m > 128 and itemsize == 2:
+        # A few output columns (skinny products run transposed, gemm/op.py): 64-row tiles as
+        # wide as N (16 to 64) stream A data-parallel, one slab per CTA; B is a sliver.
+        tile_m, tile_n = 64, -(-n // 16) * 16
     elif m <= 128:
         # One MMA warpgroup per 64 rows: nothing wasted for M <= 64, and for M <= 128 twice the
         # CTAs of a 128-row tile, in pairs sharing B (measured 341 vs 322 TFLOP/s for 128 x 128
@@ -255,7 +279,7 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
         if stream_k_tail:
             waves = min(waves, cluster_tiles // clusters
                         + stream_k_tail_waves(cluster_tiles % clusters / clusters, k))
-        coop_cost = waves * tile_m * tile_n / efficiency[tile_m, tile_n]
+        coop_cost = waves * tile_m * tile_n / {**SMALL_M_TILE_EFFICIENCY, **efficiency}[tile_m, tile_n]
         pp_cost = -(-tiles(128, 192) // sm_count) * 128 * 192
         return coop_cost * (1 + _pingpong_charge(k)) > pp_cost * (1.0 if k <= 1024 else 1.05)
 

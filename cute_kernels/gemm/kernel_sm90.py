@@ -165,6 +165,13 @@ class GemmSm90:
             order=(1, 0, 2) if self.d_layout.is_m_major_c() else (0, 1, 2),
         )
 
+    def _check_swap(self, *extras):
+        """Trace time: a swapped product (``GemmConfig.swap_ab``) has no epilogue operands
+        (they would be indexed along the other dim)."""
+        epi = self.config.epilogue
+        if any(t is not None for t in extras) or epi != type(epi)(activation=epi.activation, alpha=epi.alpha):
+            raise ValueError(f"swap_ab takes no C, bias, scales or zero points: {self.config}")
+
     def accumulator_dtype(self, operand_dtype):
         """The MMA accumulator's dtype for these operands: Int32 for 8-bit integers (s8 / u8
         wgmma), else Float32."""
@@ -208,6 +215,9 @@ class GemmSm90:
         a = _to_blas_order(mA, (1, 2, 0))  # (M, K, L)
         b = _to_blas_order(mB, (2, 1, 0))  # (N, K, L)
         d = _to_blas_order(mD, (1, 2, 0))  # (M, N, L)
+        if const_expr(cfg.swap_ab):  # D^T = B^T A^T: (N, K, L) as A, (M, K, L) as B, (N, M, L)
+            self._check_swap(mC, mBias, mScaleA, mScaleB, mZeroA, mSumB)
+            a, b, d = b, a, _to_blas_order(mD, (2, 1, 0))
         c = _to_blas_order(mC, (1, 2, 0)) if const_expr(mC is not None) else None
         self._setup(a, b, d)
         tma_a, tma_tensor_a = self._tma_load(a, self.a_smem_staged, (cfg.tile_m, self.tile_mnk[2]), self.mcast_a)

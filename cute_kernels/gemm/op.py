@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import secrets
+from dataclasses import replace
 
 import torch
 
@@ -158,47 +159,45 @@ def gemm_out(a, b, d, c, bias, scale_a, scale_b, alpha: float, beta: float, acti
         a, b, d, c, bias, scale_a, scale_b, alpha, beta)
 
 
-# Decode-sized products (M <= DECODE_M) with a long K or many weight rows run transposed,
-# D^T = B^T A^T: the weight's rows fill the MMA's M and the few tokens its N (64 x 16 tiles,
-# ``choose_config``) instead of 64-row tiles that are mostly padding. Measured (H200, one grid
-# run each, ours / cuBLAS, weight (N, K)), transposed vs not: 1 x 4096 x 14336 0.89 vs 0.78x,
-# 16 x 4096 x 14336 0.91 vs 0.81x, 1 x 10240 x 8192 0.94 vs 0.88x, 16 x 8192 x 28672 1.06 vs
-# 0.96x, 16 x 28672 x 4096 1.00 vs 0.85x, 1 x 128256 x 4096 1.02 vs 0.86x; but at K = 4096 with
-# one wave of weight tiles it lost: 1 / 16 x 6144 x 4096 0.95 / 0.91 vs 1.06 / 1.10x,
-# 1 / 16 x 4096 x 4096 0.92 / 0.98 vs 1.07 / 1.05x (half the weight rows per pipeline stage).
-DECODE_M, DECODE_MIN_K, DECODE_MIN_N = 16, 8192, 128  # N: per SM (two waves of 64-row tiles)
+# Products of a few rows (M <= SKINNY_M) against many weight rows run transposed, D^T = B^T A^T:
+# the weight's rows fill the MMA's M and the few tokens its N (64 x 16..64 tiles,
+# ``choose_config``), a data-parallel grid of 64-row weight slabs, instead of 64-row tiles that
+# are mostly padding. Measured (H200, ours / cuBLAS TFLOP/s, weight (N, K), transposed vs the
+# 64 x 128 tiles): 1 x 4096 x 4096 1.50 vs 1.35 (cuBLAS 1.15), 16 x 6144 x 4096 35.3 vs 33.9
+# (26.2), 1 x 4096 x 14336 3.27 vs 2.65 (3.41), 16 x 4096 x 14336 53.0 vs 44.5 (52.9),
+# 1 x 14336 x 4096 3.55 vs 2.87 (3.63). Between 17 and 64 rows only where 128-column tiles leave
+# most SMs idle: 64 x 4096 x 14336 197 vs 179 (201), but 64 x 14336 x 4096 217 vs 225 and
+# 64 x 10240 x 8192 199 vs 220.
+SKINNY_M, DECODE_M, SKINNY_MIN_N, SKINNY_MAX_COLUMN_TILES = 64, 16, 2048, 48
+
+
+def _runs_transposed(a, b, c, bias, scale_a, scale_b) -> bool:
+    """Whether this product runs as D^T = B^T A^T (``SKINNY_M``): 16-bit operands, no C, bias
+    or scales (they would be indexed along the other dim)."""
+    m, n = a.shape[-2], b.shape[-1]
+    return (m <= SKINNY_M and n >= SKINNY_MIN_N and a.element_size() == 2 and c is None
+            and bias is None and scale_a is None and scale_b is None
+            and (m <= DECODE_M or -(-n // 128) < SKINNY_MAX_COLUMN_TILES))
+
+
+def heuristic_config(a, b, c, bias, scale_a, scale_b, epilogue: Epilogue, fast_accum: bool,
+                     sms: int) -> GemmConfig:
+    """``choose_config`` for these operands, or for the transposed problem with ``swap_ab``
+    where the product is skinny (``_runs_transposed``). Needs only shapes and dtypes."""
+    m, k = a.shape[-2:]
+    n = b.shape[-1]
+    batch = a.shape[0] if a.dim() == 3 else 1
+    if _runs_transposed(a, b, c, bias, scale_a, scale_b):
+        return replace(choose_config(n, m, k, batch, a.element_size(), sms, epilogue), swap_ab=True)
+    return choose_config(m, n, k, batch, a.element_size(), sms, epilogue, fast_accum)
 
 
 def _kernel_for(a, b, d, c, bias, scale_a, scale_b, activation, tuned=False, fast_accum=False,
                 scaled=False):
-    """The launcher for these operands (``_compiled_for``), decode-sized products transposed
-    (``DECODE_M``): the operands are swapped on every call, the output written transposed."""
-    m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-    if (m <= DECODE_M and (k >= DECODE_MIN_K or n >= DECODE_MIN_N * sm_count(a.device.index or 0))
-            and a.element_size() == 2 and c is None and bias is None and scale_a is None
-            and scale_b is None):
-        batch = a.shape[0] if a.dim() == 3 else 1
-        key = ("transposed", a.dim(), a.dtype, b.dtype, d.dtype, _major(a), _major(b), _major(d),
-               m, n, k, batch, activation, scaled, tuned)
-        fn = _kernels.get(key)
-        if fn is None:
-            inner = _compiled_for(b.transpose(-1, -2), a.transpose(-1, -2), d.transpose(-1, -2),
-                                  None, None, None, None, activation, tuned, False, scaled)
-
-            def fn(a, b, d, c, bias, scale_a, scale_b, alpha, beta):
-                inner(b.transpose(-1, -2), a.transpose(-1, -2), d.transpose(-1, -2), None, None,
-                      None, None, alpha, beta)
-
-            _kernels[key] = fn
-        return fn
-    return _compiled_for(a, b, d, c, bias, scale_a, scale_b, activation, tuned, fast_accum, scaled)
-
-
-def _compiled_for(a, b, d, c, bias, scale_a, scale_b, activation, tuned=False, fast_accum=False,
-                  scaled=False):
-    """The compiled kernel for these operands: configuration from ``choose_config``, or with
-    ``tuned`` the fastest of a few timed on these operands (``tuning.py``). ``scaled``: alpha
-    is not 1 (otherwise the epilogue skips the multiply)."""
+    """The compiled kernel for these operands: configuration from ``heuristic_config``, or with
+    ``tuned`` the fastest of a few timed on these operands (``tuning.py``; skinny products
+    keep the heuristic's transposed configuration). ``scaled``: alpha is not 1 (otherwise the
+    epilogue skips the multiply)."""
     m, k = a.shape[-2:]
     n = b.shape[-1]
     batch = a.shape[0] if a.dim() == 3 else 1
@@ -213,8 +212,8 @@ def _compiled_for(a, b, d, c, bias, scale_a, scale_b, activation, tuned=False, f
                             scalar_scale_a=_scale_kind(scale_a) == "tensor",
                             scalar_scale_b=_scale_kind(scale_b) == "tensor", alpha=scaled)
         sms = sm_count(a.device.index or 0)
-        config = choose_config(m, n, k, batch, a.element_size(), sms, epilogue, fast_accum)
-        if tuned:
+        config = heuristic_config(a, b, c, bias, scale_a, scale_b, epilogue, fast_accum, sms)
+        if tuned and not config.swap_ab:
             scratch = torch.empty_like(d)  # timed launches never touch the caller's output
             config = tuned_config(
                 repr((target_arch(), key[:-1])), config, m, sms, a.element_size() == 1,
@@ -470,7 +469,7 @@ def gemm(a, b, *, bias=None, alpha: float = 1.0, beta: float = 0.0, c=None, acti
         if not (ready_a is a and ready_b is b) and _unaligned_k_only(a, b, step):
             # Contiguous rows of a K that is no multiple of 16 bytes (a and a transposed (N, K)
             # weight): the plan pads both along K in one launch, as ``_prepare`` would copy.
-            pad = _pair_padder(a.dtype, ready_a.shape[-1])
+            pad = _pair_padder(a.dtype, ready_a.shape[-1], a.shape[0], b.shape[1])
             ready_a, ready_b = pad(a, b)
         elif not (ready_a is a and ready_b is b):
             ready_a = None  # other copies: no plan
@@ -482,19 +481,39 @@ def gemm(a, b, *, bias=None, alpha: float = 1.0, beta: float = 0.0, c=None, acti
     return d
 
 
-def _pair_padder(dtype, k_padded: int):
-    """``pad(a, b)``: a (M, K) row-major and b = w.t() of a row-major (N, K) w, copied with K
-    zero-padded to ``k_padded`` into fresh row-major rows by one launch of ``pad.PadRowsSm90``;
-    returns (a, b) so padded."""
+# Padded copies up to this size stay with their launch plan, one pair per stream, rewritten by
+# every call in stream order: such a call then allocates only its output (measured on the
+# H200's host: 6.7 us per allocation, the pad and GEMM launches 7 us each).
+PAD_KEEP_MAX_BYTES = 32 << 20
+
+
+def _pair_padder(dtype, k_padded: int, rows_a: int, rows_b: int):
+    """``pad(a, b)``: a (rows_a, K) row-major and b = w.t() of a row-major (rows_b, K) w, copied
+    with K zero-padded to ``k_padded`` into row-major rows by one launch of ``pad.PadRowsSm90``;
+    returns (a, b) so padded. Both copies share one allocation, kept per stream while small
+    (``PAD_KEEP_MAX_BYTES``)."""
     from .pad import PadRowsSm90  # the kernel module: imported at the first compile
 
     kernel = get_kernel(PadRowsSm90, None, pad_specs(dtype_name(dtype)))
+    keep = (rows_a + rows_b) * k_padded * dtype.itemsize <= PAD_KEEP_MAX_BYTES
+    kept: dict = {}
+
+    def buffers(device):
+        flat = torch.empty((rows_a + rows_b) * k_padded, dtype=dtype, device=device)
+        w_pad = flat[rows_a * k_padded:].view(rows_b, k_padded)  # starts on 16 bytes (k_padded % 8 == 0)
+        return flat[:rows_a * k_padded].view(rows_a, k_padded), w_pad, w_pad.t()
 
     def pad(a, b):
-        a_pad = torch.empty((a.shape[0], k_padded), dtype=a.dtype, device=a.device)
-        w_pad = torch.empty((b.shape[1], k_padded), dtype=a.dtype, device=a.device)
+        if keep:
+            stream = torch._C._cuda_getCurrentRawStream(a.device.index)
+            found = kept.get(stream)
+            if found is None:
+                found = kept[stream] = buffers(a.device)
+        else:
+            found = buffers(a.device)
+        a_pad, w_pad, w_pad_t = found
         kernel(a, a_pad, b.t(), w_pad)
-        return a_pad, w_pad.t()
+        return a_pad, w_pad_t
 
     return pad
 
@@ -637,14 +656,18 @@ def compile_configurations(quick: bool = False):
              (fp8_row, fp8_col, out, None, None, f32, f32)),
             (GemmConfig(64, 128, 2, max_clusters=66, stream_k=True),
              (bf16("row"), bf16("row"), out, None, None, None, None)),
-            # decode-sized products: one partial wave of 64 x 128 tiles cut along K over the grid,
-            # and transposed (64 x 16 tiles, the weight as A, D written column-major)
+            # decode-sized products: one partial wave of 64 x 128 tiles cut along K over the grid
             (GemmConfig(64, 128, 1, max_clusters=132, stream_k=True),
-             (bf16("row"), bf16("col"), out, None, None, None, None)),
-            (GemmConfig(64, 16, 1, max_clusters=132, stream_k=True),
-             (bf16("row"), bf16("col"), bf16("col"), None, None, None, None)),
-            (GemmConfig(64, 16, 1, max_clusters=132), (bf16("row"), bf16("col"), bf16("col"), None, None,
-                                                       None, None))):
+             (bf16("row"), bf16("col"), out, None, None, None, None))) + tuple(
+            # skinny products run transposed (64 x 16..64 tiles of D^T = B^T A^T), the weight as
+            # nn.Linear stores it (B column-major) or a plain (K, N) matrix
+            (GemmConfig(64, tn, 1, max_clusters=132, swap_ab=True), (bf16("row"), bf16(b_major), out, None, None,
+                                                                     None, None))
+            for tn in (16, 32, 48, 64) for b_major in ("col", "row")) + (
+            # 128 x 160 tiles in pairs along M (128 < M <= 256)
+            (GemmConfig(128, 160, 2, max_clusters=66), (bf16("row"), bf16("col"), out, None, None, None, None)),
+            (GemmConfig(128, 160, 2, max_clusters=66, stream_k=True),
+             (bf16("row"), bf16("row"), out, None, None, None, None))):
         found.append((GemmSm90, cfg, specs(cfg, operands)))
     from .pad import PadRowsSm90
     for dtype in ("bfloat16", "float16"):
