@@ -403,6 +403,8 @@ def gemm(a, b, *, bias=None, alpha: float = 1.0, beta: float = 0.0, c=None, acti
         tuned: time a few tile / cluster configurations on these operands the first time this
             problem (shapes, layouts, dtypes, options) is seen and keep the fastest; the choice
             persists on disk (``gemm/tuning.py``). Default: the heuristic (``choose_config``).
+            Products of a few rows (M <= 16, or M <= 64 against few 128-column tiles; 16-bit,
+            no C, bias or scales) always run transposed, D^T = B^T A^T on 64-row tiles of B^T.
 
     Differentiable in a, b, bias and c (the backward runs on the same kernel; with an activation
     the pre-activation is recomputed).
