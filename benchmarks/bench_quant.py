@@ -10,6 +10,10 @@ Rows (the ``cublas`` peer is what a torch user calls instead):
     same rule in torch eager and compiled by ``torch.compile``.
   - ``int8_linear``: ``Int8Linear`` (quantize + GEMM) against the bf16 ``nn.Linear`` it
     replaces, in TFLOP/s-equivalent (2 M N K per call).
+  - ``nvfp4_quantize``: NVFP4 quantization with a given global scale (bytes read + written:
+    x, packed codes, block scales), against the same rule in torch eager and compiled.
+
+``--nvfp4`` runs only the NVFP4 rows.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Results, bench_many, ceilings, gbps, host_us, make_input_sets, tflops, usable  # noqa: E402
 
 import cute_kernels as ck  # noqa: E402
+from cute_kernels.quant.formats import nvfp4_quantize_ref  # noqa: E402
 from cute_kernels.reference import quantize_int8_ref  # noqa: E402
 
 ROUNDS = 5
@@ -74,6 +79,20 @@ def quantize_rows(results, shapes):
         results.add("quant", "quantize_int8_row", (m, n), "bfloat16", "GBps", rates.pop("ours"), rates)
 
 
+def nvfp4_quantize_rows(results, shapes):
+    gs = torch.tensor(0.01, device="cuda")
+    compiled = torch.compile(lambda x: nvfp4_quantize_ref(x, gs)[:2])
+    for m, n in shapes:
+        sets = make_input_sets(lambda: (torch.randn(m, n, device="cuda", dtype=torch.bfloat16),), m * n * 2)
+        fns = {"ours": lambda x: ck.nvfp4_quantize(x, gs),
+               "torch": lambda x: nvfp4_quantize_ref(x, gs),
+               "torch_compile": compiled}
+        ms = bench_many(fns, sets, rounds=ROUNDS)
+        moved = m * n * 2 + m * n // 2 + m * n // 16  # bf16 in, 4-bit codes and e4m3 scales out
+        rates = {key: gbps(moved, v) for key, v in ms.items()}
+        results.add("quant", "nvfp4_quantize", (m, n), "bfloat16", "GBps", rates.pop("ours"), rates)
+
+
 def linear_rows(results, shapes):
     for m, n, k in shapes:
         linear = torch.nn.Linear(k, n, device="cuda", dtype=torch.bfloat16)
@@ -103,9 +122,14 @@ def host_times(results):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--nvfp4", action="store_true", help="the NVFP4 rows only")
     args = parser.parse_args()
     results = Results()
     results.start(ceilings())
+    nvfp4_quantize_rows(results, [(8192, 4096)] if args.quick else [(8192, 4096), (16384, 8192), (16, 7168)])
+    if args.nvfp4:
+        results.save()
+        return
     gemm_rows(results, GEMM_SHAPES[:2] if args.quick else GEMM_SHAPES)
     quantize_rows(results, [(8192, 4096)] if args.quick else [(8192, 4096), (16384, 8192), (4096, 14336), (64, 4096)])
     linear_rows(results, [(4096, 4096, 4096)] if args.quick else [(4096, 4096, 4096), (8192, 14336, 4096), (16, 4096, 4096)])

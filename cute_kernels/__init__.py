@@ -9,6 +9,7 @@ from .attention.op import flash_attn, flash_attn_varlen
 from .gemm.op import gemm, gemm_fp8
 from .losses.fused_linear_cross_entropy import FusedLinearCrossEntropyLoss, fused_linear_cross_entropy
 from .quant.int8 import Int8Linear, dequantize_int8, gemm_int8, quantize_int8
+from .quant.nvfp4 import nvfp4_dequantize, nvfp4_quantize
 from .rowwise.cross_entropy_op import cross_entropy
 from .rowwise.modules import CrossEntropyLoss, LayerNorm, RMSNorm
 from .rowwise.norm_op import layer_norm, rms_norm
@@ -33,6 +34,8 @@ __all__ = [
     "quantize_int8",
     "dequantize_int8",
     "Int8Linear",
+    "nvfp4_quantize",
+    "nvfp4_dequantize",
     "softmax",
     "rms_norm",
     "layer_norm",

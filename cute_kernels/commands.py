@@ -25,6 +25,7 @@ FAMILY_MODULES = {
     "gemm": "cute_kernels.gemm.op",
     "attention": "cute_kernels.attention.op",
     "int8": "cute_kernels.quant.int8",
+    "nvfp4": "cute_kernels.quant.nvfp4",
 }
 # What each family's PTX must hold: the GEMM and attention run on wgmma fed by TMA; the row
 # kernels use neither (plain vector loads and warp reductions), so there an absent instruction

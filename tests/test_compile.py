@@ -5,6 +5,7 @@ import pytest
 from cute_kernels.attention import op as attention_op
 from cute_kernels.gemm import op as gemm_op
 from cute_kernels.quant import int8 as int8_op
+from cute_kernels.quant import nvfp4 as nvfp4_op
 from cute_kernels.rowwise import cross_entropy_op, norm_op
 from cute_kernels.rowwise.softmax_op import compile_configurations as softmax_configurations
 from cute_kernels.runtime import inspect_kernel
@@ -199,3 +200,23 @@ def test_int8_configuration_compiles_to_s8_wgmma_or_exact_rounding(case):
         assert report.ptx.count("div.rn.f32") == 1 and report.ptx.count("rcp.rn.f32") == 1
         assert "approx" not in report.ptx and ".ftz" not in report.ptx
         assert "shfl.sync.bfly" in report.ptx, "the row range is reduced by warp shuffles"
+
+
+NVFP4 = nvfp4_op.compile_configurations()
+
+
+@pytest.mark.parametrize("case", NVFP4, ids=[f"quantize-{c[1]}-{c[2][0].dtype}" for c in NVFP4])
+def test_nvfp4_quantize_compiles_without_e2m1_conversions(case):
+    # sm_90 has no e2m1 conversion (ptxas rejects the DSL's); the codes come from comparisons.
+    kernel, config, specs = case
+    report = inspect_kernel(kernel, config, specs, arch="sm_90a")
+    ptx = report.ptx
+    assert not report.local_memory, f"local memory / spills: {report.summary()}"
+    assert "e2m1" not in ptx
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx and "cvt.rn.f16x2.e4m3x2" in ptx
+    assert ptx.count("cvt.rn.f16x2.f32") == 8, "the codes come from one fp16x2 conversion per byte"
+    assert ptx.count("ld.global.v4") == (4 if specs[0].dtype == "float32" else 2), "16-byte loads"
+    assert "st.global.v2.b32" in ptx, "the 16 codes of a block leave in one 8-byte store"
+    # IEEE arithmetic, as the reference's: two divisions and one reciprocal per block
+    assert ptx.count("div.rn.f32") == 2 and ptx.count("rcp.rn.f32") == 1
+    assert "approx" not in ptx and ".ftz" not in ptx
