@@ -99,3 +99,44 @@ def test_quantize_reference_with_a_given_global_scale_saturates():
     assert (unpack_e2m1(packed) == 7).all()  # 1000 / (448 * 0.01) > 6: saturated
     with pytest.raises(ValueError, match="multiple of 16"):
         nvfp4_quantize_ref(torch.ones(2, 24))
+
+
+def _problem_module(folder, name):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / folder
+    sys.path.insert(0, str(root))
+    try:
+        for module in ("task", name):
+            sys.modules.pop(module, None)
+        spec = importlib.util.spec_from_file_location(name, root / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(root))
+        sys.modules.pop("task", None)
+
+
+def test_nvfp4_gemv_problem_inputs_reference_and_baseline_agree_on_cpu():
+    # The problem's inputs (generated here on the CPU): the blocked view holds the plain scales
+    # at the documented places, and the plain-torch baseline matches the float64 reference.
+    reference = _problem_module("quant/nvfp4_gemv", "reference")
+    baseline = _problem_module("quant/nvfp4_gemv", "baseline")
+    reference.DEVICE = "cpu"
+    data = reference.generate_input(256, 192, 2, seed=3)
+    a, b, sfa, sfb, sfa_blocked, sfb_blocked, c = data
+    assert a.shape == (256, 96, 2) and a.dtype == torch.float4_e2m1fn_x2 and b.shape == (128, 96, 2)
+    assert sfa_blocked.shape == (32, 4, 2, 4, 3, 2) and c.shape == (256, 1, 2)
+    for i in range(2):
+        memory = sfa_blocked.permute(5, 2, 4, 0, 1, 3)[i].reshape(-1)
+        assert torch.equal(from_blocked(memory, 256, 12).view(torch.uint8), sfa[:, :, i].view(torch.uint8))
+        r, col = 200, 7  # element (r % 32, (r % 128) // 32, r // 128, col % 4, col // 4, i)
+        assert sfa_blocked[r % 32, (r % 128) // 32, r // 128, col % 4, col // 4, i] == sfa[r, col, i]
+    expected = reference.ref_kernel(tuple(t.clone() for t in data))
+    ours = baseline.custom_kernel(tuple(t.clone() for t in data))
+    ok, why = reference.check_implementation(data, ours)
+    assert ok, why
+    assert expected.abs().max() > 1  # not all zeros
