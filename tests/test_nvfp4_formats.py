@@ -140,3 +140,23 @@ def test_nvfp4_gemv_problem_inputs_reference_and_baseline_agree_on_cpu():
     ok, why = reference.check_implementation(data, ours)
     assert ok, why
     assert expected.abs().max() > 1  # not all zeros
+
+
+@pytest.mark.parametrize("problem, args", [("nvfp4_gemm", (256, 384, 256, 2)),
+                                           ("nvfp4_dual_gemm", (256, 128, 512, 2))])
+def test_nvfp4_gemm_problems_reference_and_baseline_agree_on_cpu(problem, args):
+    reference = _problem_module(f"quant/{problem}", "reference")
+    baseline = _problem_module(f"quant/{problem}", "baseline")
+    reference.DEVICE = "cpu"
+    data = reference.generate_input(*args, seed=4)
+    *operands, c = data
+    scales = [t for t in operands if t.dtype == torch.float8_e4m3fn and t.dim() == 3]
+    views = [t for t in operands if t.dim() == 6]
+    for plain, view in zip(scales, views):
+        memory = view.permute(5, 2, 4, 0, 1, 3)[1].reshape(-1)
+        rows, cols = plain.shape[:2]
+        assert torch.equal(from_blocked(memory, rows, cols).view(torch.uint8), plain[:, :, 1].view(torch.uint8))
+    expected = reference.ref_kernel(tuple(t.clone() for t in data))
+    ok, why = reference.check_implementation(data, baseline.custom_kernel(tuple(t.clone() for t in data)))
+    assert ok, why
+    assert expected.float().abs().max() > 1

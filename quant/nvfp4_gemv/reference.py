@@ -56,8 +56,10 @@ def check_implementation(data: input_t, output: output_t):
     expected = ref_kernel(tuple(t.clone() for t in data))
     if not isinstance(output, torch.Tensor) or output.shape != expected.shape or output.dtype != expected.dtype:
         return False, f"expected {tuple(expected.shape)} {expected.dtype}"
-    diff = (output.float() - expected.float()).abs()
-    bad = ~(diff <= 1e-3 + 1e-3 * expected.float().abs())
+    got, want = output.float(), expected.float()
+    diff = (got - want).abs()
+    bad = (diff > 1e-3 + 1e-3 * want.abs()) | (got.isnan() != want.isnan())
+    bad |= (got.isposinf() != want.isposinf()) | (got.isneginf() != want.isneginf())
     if bad.any():
         return False, f"{int(bad.sum())} of {bad.numel()} values off, max error {diff.max().item():.3e}"
     return True, ""
