@@ -107,16 +107,17 @@ def _problem_module(folder, name):
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1] / folder
-    sys.path.insert(0, str(root))
+    paths = [str(root), str(root.parent)]  # the problem's files and the shared ../nvfp4_utils.py
+    sys.path[:0] = paths
     try:
-        for module in ("task", name):
+        for module in ("task", "nvfp4_utils", name):
             sys.modules.pop(module, None)
         spec = importlib.util.spec_from_file_location(name, root / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module
     finally:
-        sys.path.remove(str(root))
+        del sys.path[:2]
         sys.modules.pop("task", None)
 
 

@@ -5,63 +5,34 @@ in {0, 1} (low nibble 0 or 0.5, high nibble 0), every scale -1."""
 
 import torch
 
+from nvfp4_utils import blocked_view, close_match, decode, random_codes
 from task import input_t, output_t
 
 DEVICE = "cuda"
-E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-
-
-def blocked_view(scales):
-    """(rows, cols, L) scales, rows % 128 == 0 and cols % 4 == 0 -> the blocked layout's memory,
-    viewed as (32, 4, rows / 128, 4, cols / 4, L)."""
-    rows, cols, batch = scales.shape
-    tiles = scales.permute(2, 0, 1).reshape(batch, rows // 128, 4, 32, cols // 4, 4)
-    return tiles.permute(0, 1, 4, 3, 2, 5).contiguous().permute(3, 4, 1, 5, 2, 0)
 
 
 def generate_input(m, n, k, l, seed) -> input_t:
     g = torch.Generator(device=DEVICE).manual_seed(seed)
 
-    def codes(rows):
-        return torch.randint(0, 2, (l, rows, k // 2), dtype=torch.uint8, device=DEVICE,
-                             generator=g).permute(1, 2, 0).view(torch.float4_e2m1fn_x2)
-
     def scales(rows):
         return torch.full((l, rows, k // 16), -1.0, device=DEVICE).to(torch.float8_e4m3fn).permute(1, 2, 0)
 
-    a, b1, b2 = codes(m), codes(n), codes(n)
+    a, b1, b2 = random_codes(g, l, m, k, 2), random_codes(g, l, n, k, 2), random_codes(g, l, n, k, 2)
     sfa, sfb1, sfb2 = scales(m), scales(n), scales(n)
     c = torch.randn((l, m, n), dtype=torch.float16, device=DEVICE, generator=g).permute(1, 2, 0)
     return (a, b1, b2, sfa, sfb1, sfb2, blocked_view(sfa), blocked_view(sfb1), blocked_view(sfb2), c)
-
-
-def decode(packed, scales):
-    """(rows, K / 2) codes and (rows, K / 16) scales -> float64 (rows, K) values."""
-    raw = packed.view(torch.uint8)
-    codes = torch.stack((raw & 15, raw >> 4), dim=-1).reshape(raw.shape[0], -1)
-    table = torch.tensor(E2M1, dtype=torch.float64, device=raw.device)
-    return table[codes.long()] * scales.to(raw.device).double().repeat_interleave(16, dim=1)
 
 
 def ref_kernel(data: input_t) -> output_t:
     a, b1, b2, sfa, sfb1, sfb2, _, _, _, c = data
     out = torch.empty_like(c)
     for i in range(a.shape[2]):
-        av = decode(a[:, :, i], sfa[:, :, i])
-        gate = av @ decode(b1[:, :, i], sfb1[:, :, i]).t()
-        up = av @ decode(b2[:, :, i], sfb2[:, :, i]).t()
+        x = decode(a[:, :, i], sfa[:, :, i])
+        gate = x @ decode(b1[:, :, i], sfb1[:, :, i]).t()
+        up = x @ decode(b2[:, :, i], sfb2[:, :, i]).t()
         out[:, :, i] = (torch.nn.functional.silu(gate) * up).to(torch.float16)
     return out
 
 
 def check_implementation(data: input_t, output: output_t):
-    expected = ref_kernel(data)
-    if not isinstance(output, torch.Tensor) or output.shape != expected.shape or output.dtype != expected.dtype:
-        return False, f"expected {tuple(expected.shape)} {expected.dtype}"
-    got, want = output.float(), expected.float()
-    diff = (got - want).abs()
-    bad = (diff > 1e-3 + 1e-3 * want.abs()) | (got.isnan() != want.isnan())
-    bad |= (got.isposinf() != want.isposinf()) | (got.isneginf() != want.isneginf())
-    if bad.any():
-        return False, f"{int(bad.sum())} of {bad.numel()} values off, max error {diff.max().item():.3e}"
-    return True, ""
+    return close_match(output, ref_kernel(data))

@@ -1,15 +1,7 @@
 import torch
 
+from nvfp4_utils import decode
 from task import input_t, output_t
-
-E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
-
-
-def dequantize(packed, scales):
-    raw = packed.view(torch.uint8)
-    codes = torch.stack((raw & 15, raw >> 4), dim=-1).reshape(raw.shape[0], -1)
-    table = torch.tensor(E2M1, dtype=torch.float16, device=raw.device)
-    return table[codes.long()] * scales.to(raw.device, torch.float16).repeat_interleave(16, dim=1)
 
 
 def custom_kernel(data: input_t) -> output_t:
@@ -17,5 +9,5 @@ def custom_kernel(data: input_t) -> output_t:
     # plain-layout scales), then cuBLAS (fp32 accumulation, fp16 out).
     a, b, sfa, sfb, _, _, c = data
     for i in range(a.shape[2]):
-        c[:, :, i] = dequantize(a[:, :, i], sfa[:, :, i]) @ dequantize(b[:, :, i], sfb[:, :, i]).t()
+        c[:, :, i] = decode(a[:, :, i], sfa[:, :, i], torch.float16) @ decode(b[:, :, i], sfb[:, :, i], torch.float16).t()
     return c
