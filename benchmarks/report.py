@@ -52,6 +52,8 @@ def markdown(results: dict) -> str:
             out.append(table([r for r in data["rows"] if r["family"] == family]))
             if plotted_gpu(results, family) == gpu:
                 out.append(f"\n![{family}](benchmarks/plots/{family}.png)")
+            if family == "gemm" and _grid_rows(data):
+                out.append("\n![gemm at real model shapes](benchmarks/plots/gemm_grid.png)")
         runtime = data.get("runtime")
         if runtime and "dispatch_us" in runtime:
             d, f = runtime["dispatch_us"], runtime["first_call_s"]
@@ -157,6 +159,46 @@ def plot_families(results: dict) -> None:
             fig.savefig(ROOT / "plots" / f"{family}.png", dpi=110)
 
 
+def _grid_rows(data: dict) -> list:
+    return [r for r in data["rows"] if r["op"] == "gemm_bf16_linear"]
+
+
+def plot_gemm_grid(results: dict) -> None:
+    """``bench_gemm.py --grid``: ours over each peer per real model shape (one bar per peer),
+    ratios above 2 drawn at 2 and labelled."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for gpu, data in results.items():
+        rows = _grid_rows(data)
+        if not rows:
+            continue
+        peers = sorted({k for r in rows for k in r["peers"]})
+        width = 0.8 / len(peers)
+        fig, ax = plt.subplots(figsize=(max(10, 0.45 * len(rows)), 4.8))
+        for i, peer in enumerate(peers):
+            xs = [x + i * width for x, r in enumerate(rows) if peer in r["peers"]]
+            ratios = [r["ours"] / r["peers"][peer] for r in rows if peer in r["peers"]]
+            ax.bar(xs, [min(v, 2.0) for v in ratios], width, label=f"ours / {peer}")
+            for x, v in zip(xs, ratios):
+                if v > 2.0:
+                    ax.annotate(f"{v:.1f}x", (x, 2.0), ha="center", va="bottom", fontsize=7)
+        ax.axhline(1.0, color="gray", linewidth=1)
+        ax.axhline(0.9, color="gray", linestyle=":", linewidth=1)
+        ax.set_ylim(0, 2.15)
+        ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))], [r["shape"] for r in rows],
+                      rotation=70, fontsize=7)
+        ax.set_ylabel("speed ratio (TFLOP/s)")
+        ax.set_title(f"bf16 GEMM at real model shapes (M x N x K, weight (N, K)) on {data.get('device', gpu)}")
+        ax.legend(fontsize=8)
+        ax.grid(axis="y", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(ROOT / "plots" / "gemm_grid.png", dpi=110)
+        return
+
+
 def _n(shape: str) -> int:
     return int(shape.split("x")[-1])
 
@@ -175,6 +217,7 @@ def main():
     plot_softmax(results)
     plot_attention(results)
     plot_families(results)
+    plot_gemm_grid(results)
 
 
 if __name__ == "__main__":
