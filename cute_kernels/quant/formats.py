@@ -16,7 +16,7 @@ Scale layouts (``scale_layout``):
     columns,) float8_e4m3fn.
 
 Quantization (``nvfp4_quantize_ref``), per row of 16 values:
-  global_scale = amax(|x|) / (6 * 448) unless given (1 for an all-zero x);
+  global_scale = amax(|x|) / (6 * 448) unless given (1 for an all-zero x or one holding NaN);
   scale = e4m3(amax(|block|) / 6 / global_scale), rounded to nearest even, saturated at 448;
   code = e2m1(x * inverse), inverse = 1 / (float(scale) * global_scale) (0 where that is 0),
   rounded to nearest even, saturated at 6; NaN gives code 0.
@@ -93,8 +93,10 @@ def from_blocked(flat: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
 
 
 def default_global_scale(x: torch.Tensor) -> torch.Tensor:
-    """amax(|x|) / (6 * 448) as a float32 scalar tensor; 1 for an all-zero (or empty) x."""
-    amax = x.float().abs().amax() if x.numel() else torch.zeros((), device=x.device)
+    """amax(|x|) / (6 * 448) as a float32 scalar tensor; 1 for an all-zero (or empty) x or one
+    holding NaN. The amax is taken in x's own dtype (exact: it is one of x's values), without a
+    float32 copy."""
+    amax = x.abs().amax().float() if x.numel() else torch.zeros((), device=x.device)
     scale = amax / (E2M1_MAX * E4M3_MAX)
     return torch.where(scale > 0, scale, torch.ones_like(scale))
 

@@ -65,7 +65,8 @@ def nvfp4_quantize(x, global_scale=None, scale_layout: str = "plain"):
     Args:
         x: bf16 / fp16 / fp32 CUDA tensor (M, K), K a multiple of 16.
         global_scale: float or one-element tensor; default amax(|x|) / (6 * 448), computed on
-            the GPU (1 for an all-zero x), so the block scales use e4m3's whole range.
+            the GPU (1 for an all-zero x or one holding NaN), so the block scales use e4m3's
+            whole range.
 
     Bit-identical to ``cute_kernels.quant.formats.nvfp4_quantize_ref``: block scale
     ``e4m3(amax / 6 / global_scale)`` rounded to nearest even and clamped to [0, 448], codes
