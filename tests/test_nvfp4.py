@@ -120,6 +120,7 @@ def test_nvfp4_quantize_strided_misaligned_and_empty_inputs():
     flat = torch.randn(300 * 1024 + 1, device="cuda", dtype=torch.bfloat16)
     assert_same_as_reference(flat[1:].view(300, 1024))  # data on 2 bytes: copied first
     assert_same_as_reference(torch.randn(1024, 40, device="cuda").t()[:, :1024 - 16])  # column-major
+    assert_same_as_reference(torch.randn(64, 1, device="cuda").t())  # one row, row stride 1
     for shape in ((0, 64), (7, 0)):
         packed, scales, _ = ck.nvfp4_quantize(torch.empty(shape, device="cuda"))
         assert packed.shape == (shape[0], shape[1] // 2) and scales.shape == (shape[0], shape[1] // 16)

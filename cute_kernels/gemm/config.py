@@ -144,9 +144,9 @@ SMALL_M_TILE_EFFICIENCY = {(128, 256): 1.0, (128, 160): 0.8, (128, 128): 0.7, (6
 NARROW_TILE_MIN_FILL = 0.7
 # A single partial wave of 64-row tiles is cut along K only while fewer tiles than half the
 # clusters would run data-parallel: from there the data-parallel grid streams the weights as
-# fast (memory-bound at these sizes) without the partial sums (measured, data-parallel vs stream-K: 225 vs 199
-# TFLOP/s at 64 x 14336 x 4096 (112 tiles), 220 vs 210 at 64 x 10240 x 8192 (80); 155 vs 179
-# at 64 x 4096 x 14336 (32)).
+# fast (memory-bound at these sizes) without the partial sums (measured, data-parallel vs
+# stream-K: 225 vs 199 TFLOP/s at 64 x 14336 x 4096 (112 tiles), 220 vs 210 at
+# 64 x 10240 x 8192 (80); 155 vs 179 at 64 x 4096 x 14336 (32)).
 SINGLE_WAVE_MAX_FILL = 0.5
 
 
@@ -224,7 +224,8 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
         its efficiency; 128 x 160 tiles only where their last wave is at least
         ``NARROW_TILE_MIN_FILL`` full (they are there to round waves)."""
         _, clusters, cluster_tiles, stream_k_tail = clusters_and_tail(*shape, False)
-        if shape == (128, 160) and cluster_tiles % clusters and cluster_tiles % clusters < NARROW_TILE_MIN_FILL * clusters:
+        last_wave = cluster_tiles % clusters
+        if shape == (128, 160) and 0 < last_wave < NARROW_TILE_MIN_FILL * clusters:
             return float("inf")
         waves = -(-cluster_tiles // clusters)
         if stream_k_tail:

@@ -104,6 +104,8 @@ def nvfp4_quantize(x, global_scale=None, scale_layout: str = "plain"):
         whole = m % 128 == 0 and (k // BLOCK) % 4 == 0
         scales = (torch.empty if whole else torch.zeros)(entries, dtype=torch.uint8, device=x.device)
     if m and k:
+        if m == 1:  # a single row's stride is free (torch may give it any value)
+            x = x.as_strided((1, k), (k, x.stride(1)))
         if x.stride(1) != 1 or x.stride(0) * x.element_size() % 16:
             x = x.contiguous()
         if torch.compiler.is_compiling():
