@@ -12,6 +12,12 @@ Rows (the ``cublas`` peer is what a torch user calls instead):
     replaces, in TFLOP/s-equivalent (2 M N K per call).
   - ``nvfp4_quantize``: NVFP4 quantization with a given global scale (bytes read + written:
     x, packed codes, block scales), against the same rule in torch eager and compiled.
+  - ``gemm_w4a16``: bf16 activations times NVFP4 weights. Up to 64 rows: effective GB/s over
+    the weight and scale bytes (every peer is counted on the same bytes, so the ratios are
+    time ratios), against quack's ``gemm_w4a16`` (nvfp4, its repacked weights) and cuBLAS bf16 on
+    the dequantized weights; larger M in TFLOP/s.
+  - ``gemm_nvfp4``: both operands NVFP4, fp16 out (the public NVFP4 problems), TFLOP/s, against
+    dequantizing both operands in torch and cuBLAS bf16 (the problems' torch baseline).
 
 ``--nvfp4`` runs only the NVFP4 rows.
 """
@@ -93,6 +99,75 @@ def nvfp4_quantize_rows(results, shapes):
         results.add("quant", "nvfp4_quantize", (m, n), "bfloat16", "GBps", rates.pop("ours"), rates)
 
 
+def _nvfp4_weight(n, k):
+    packed = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device="cuda")
+    scales = torch.randint(0x20, 0x48, (n, k // 16), dtype=torch.uint8, device="cuda")
+    return packed, scales.view(torch.float8_e4m3fn)
+
+
+def _quack_w4a16():
+    try:
+        from quack.gemm_w4 import gemm_w4a16, prepare_w4_weight
+    except Exception as exc:  # an older quack: the peer is left out
+        print(f"[quack gemm_w4a16 unavailable: {exc}]", file=sys.stderr)
+        return None
+    return gemm_w4a16, prepare_w4_weight
+
+
+def w4a16_rows(results, shapes):
+    quack = _quack_w4a16()
+    for m, n, k in shapes:
+        weight_bytes = n * k // 2 + n * k // 16
+
+        def make():
+            packed, scales = _nvfp4_weight(n, k)
+            x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            dense = ck.nvfp4_dequantize(packed, scales, 1.0)
+            extra = quack[1](packed, scales, "nvfp4") if quack else (None, None)
+            return x, packed, scales, dense, *extra
+
+        sets = make_input_sets(make, weight_bytes + n * k * 2)
+        fns = {"ours": lambda x, p, s, d, qb, qs: ck.gemm_w4a16(x, p, s),
+               "cublas": lambda x, p, s, d, qb, qs: torch.matmul(x, d.t())}
+        if quack and usable(lambda x, p, s, d, qb, qs: quack[0](x, qb, qs, wformat="nvfp4"), *sets[0]):
+            fns["quack"] = lambda x, p, s, d, qb, qs: quack[0](x, qb, qs, wformat="nvfp4")
+        with torch.no_grad():
+            ms = bench_many(fns, sets, rounds=ROUNDS)
+        if m <= 64:
+            rates = {key: gbps(weight_bytes, v) for key, v in ms.items()}
+            unit = "GBps"
+        else:
+            rates = {key: tflops(2 * m * n * k, v) for key, v in ms.items()}
+            unit = "TFLOPs"
+        results.add("quant", "gemm_w4a16", (m, n, k), "bfloat16", unit, rates.pop("ours"), rates)
+
+
+def nvfp4_gemm_rows(results, shapes):
+    from cute_kernels.quant.formats import nvfp4_dequantize_ref
+
+    def torch_baseline(a, b, sa, sb):
+        da = nvfp4_dequantize_ref(a, sa, 1.0).to(torch.bfloat16)
+        db = nvfp4_dequantize_ref(b, sb, 1.0).to(torch.bfloat16)
+        return torch.matmul(da, db.t()).to(torch.float16)
+
+    for m, n, k in shapes:
+        def make():
+            return (*_nvfp4_weight(m, k), *_nvfp4_weight(n, k))
+
+        sets = [(a, b, sa, sb) for a, sa, b, sb in (make() for _ in range(
+            max(2, min(16, -(-3 * 50 * 2**20 // ((m + n) * k // 2 + 1))))))]
+        fns = {"ours": lambda a, b, sa, sb: ck.gemm_nvfp4(a, b, sa, sb), "torch": torch_baseline}
+        ms = bench_many(fns, sets, rounds=3)
+        rates = {key: tflops(2 * m * n * k, v) for key, v in ms.items()}
+        results.add("quant", "gemm_nvfp4", (m, n, k), "nvfp4", "TFLOPs", rates.pop("ours"), rates)
+
+
+W4A16_SHAPES = [(1, 8192, 8192), (16, 8192, 8192), (64, 8192, 8192), (1, 14336, 4096),
+                (16, 28672, 4096), (16, 4096, 14336), (4096, 8192, 8192)]
+NVFP4_GEMM_SHAPES = [(1, 7168, 16384), (128, 7168, 16384), (128, 4096, 7168), (128, 7168, 2048),
+                     (16, 7168, 2048)]
+
+
 def linear_rows(results, shapes):
     for m, n, k in shapes:
         linear = torch.nn.Linear(k, n, device="cuda", dtype=torch.bfloat16)
@@ -127,6 +202,8 @@ def main():
     results = Results()
     results.start(ceilings())
     nvfp4_quantize_rows(results, [(8192, 4096)] if args.quick else [(8192, 4096), (16384, 8192), (16, 7168)])
+    w4a16_rows(results, W4A16_SHAPES[:2] if args.quick else W4A16_SHAPES)
+    nvfp4_gemm_rows(results, NVFP4_GEMM_SHAPES[:1] if args.quick else NVFP4_GEMM_SHAPES)
     if args.nvfp4:
         results.save()
         return

@@ -10,6 +10,7 @@ from .gemm.op import gemm, gemm_fp8
 from .losses.fused_linear_cross_entropy import FusedLinearCrossEntropyLoss, fused_linear_cross_entropy
 from .quant.int8 import Int8Linear, dequantize_int8, gemm_int8, quantize_int8
 from .quant.nvfp4 import nvfp4_dequantize, nvfp4_quantize
+from .quant.nvfp4_gemm import NVFP4Linear, gemm_nvfp4, gemm_w4a16, gemv_nvfp4, nvfp4_dual_gemm
 from .rowwise.cross_entropy_op import cross_entropy
 from .rowwise.modules import CrossEntropyLoss, LayerNorm, RMSNorm
 from .rowwise.norm_op import layer_norm, rms_norm
@@ -36,6 +37,11 @@ __all__ = [
     "Int8Linear",
     "nvfp4_quantize",
     "nvfp4_dequantize",
+    "gemm_w4a16",
+    "gemm_nvfp4",
+    "gemv_nvfp4",
+    "nvfp4_dual_gemm",
+    "NVFP4Linear",
     "softmax",
     "rms_norm",
     "layer_norm",

@@ -202,7 +202,8 @@ def test_int8_configuration_compiles_to_s8_wgmma_or_exact_rounding(case):
         assert "shfl.sync.bfly" in report.ptx, "the row range is reduced by warp shuffles"
 
 
-NVFP4 = nvfp4_op.compile_configurations()
+NVFP4 = [c for c in nvfp4_op.compile_configurations() if c[0].__name__ == "QuantizeNvfp4Sm90"]
+NVFP4_PRODUCTS = [c for c in nvfp4_op.compile_configurations() if c[0].__name__ != "QuantizeNvfp4Sm90"]
 
 
 @pytest.mark.parametrize("case", NVFP4, ids=[f"quantize-{c[1]}-{c[2][0].dtype}" for c in NVFP4])
@@ -220,3 +221,32 @@ def test_nvfp4_quantize_compiles_without_e2m1_conversions(case):
     # IEEE arithmetic, as the reference's: two divisions and one reciprocal per block
     assert ptx.count("div.rn.f32") == 2 and ptx.count("rcp.rn.f32") == 1
     assert "approx" not in ptx and ".ftz" not in ptx
+
+
+def _product_id(case):
+    kernel, config, _ = case
+    if kernel.__name__ == "DequantizeNvfp4Sm90":
+        return f"dequantize-{config}"
+    return f"skinny-t{config.token_tiles}-s{config.slabs}-w{config.warps}-{config.x_format}-{config.out_dtype}"
+
+
+@pytest.mark.parametrize("case", NVFP4_PRODUCTS, ids=[_product_id(c) for c in NVFP4_PRODUCTS])
+def test_nvfp4_product_kernels_decode_in_registers_without_spills(case):
+    # No e2m1 conversion on sm_90a: the codes are decoded by shifts and masks, then one
+    # bf16x2 / f16x2 multiply by the block scale; the skinny kernel feeds mma.sync from registers.
+    kernel, config, specs = case
+    report = inspect_kernel(kernel, config, specs, arch="sm_90a")
+    ptx = report.ptx
+    assert not report.local_memory, f"local memory / spills: {report.summary()}"
+    assert "e2m1" not in ptx and "cvt.rn.f16x2.e4m3x2" in ptx
+    assert "ld.global.v4" in ptx or "cp.async.cg.shared.global" in ptx, "codes arrive 16 bytes at a time"
+    multiply = "mul.rn.f16x2" if getattr(config, "half", False) else "mul.rn.bf16x2"
+    assert multiply in ptx
+    assert "cp.async" in ptx or kernel.__name__ == "DequantizeNvfp4Sm90", "a cp.async ring feeds the MMAs"
+    if kernel.__name__ == "DequantizeNvfp4Sm90":
+        assert "st.global.v4" in ptx, "values leave in 16-byte stores"
+        assert "mma" not in ptx
+    else:
+        kind = "f16.f16" if config.half else "bf16.bf16"
+        expected = 8 * config.slabs * config.token_tiles  # 4 words x 2 k-blocks per slab and tile
+        assert ptx.count(f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.f32") == expected

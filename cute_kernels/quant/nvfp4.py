@@ -116,39 +116,45 @@ def nvfp4_quantize(x, global_scale=None, scale_layout: str = "plain"):
     return packed, scales.view(torch.float8_e4m3fn), global_scale
 
 
-def nvfp4_dequantize(packed, scales, global_scale, scale_layout: str = "plain",
+def nvfp4_dequantize(packed, scales, global_scale=1.0, scale_layout: str = "plain",
                      dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """The values of NVFP4 data (``nvfp4_quantize``'s outputs) as ``dtype`` (M, K).
+    """The values of NVFP4 data (``nvfp4_quantize``'s outputs) as ``dtype``: (M, K), or
+    (L, M, K) for batched data.
+
+    Args:
+        packed: uint8 / float4_e2m1fn_x2 (M, K / 2) or (L, M, K / 2).
+        scales: e4m3 (M, K / 16) / (L, M, K / 16) plain, or the flat blocked layout (entries,) /
+            (L, entries).
+        global_scale: float or one-element tensor (read on the GPU).
+
+    ``(code * scale) * global_scale`` in fp32 (exact but for the global scale's one rounding),
+    rounded once to ``dtype``: bit-identical to ``formats.nvfp4_dequantize_ref``.
 
     Constraints:
-      - torch operations (a table lookup and two multiplies, exact in fp32, then one rounding to
-        ``dtype``); the GEMMs decode in their kernels instead
+      - one kernel (``nvfp4_dequantize_sm90``) for K a multiple of 32; other widths take the
+        torch rule
     """
-    check_tensor("packed", packed, (torch.uint8, torch.float4_e2m1fn_x2))
-    if packed.dim() != 2:
-        raise UnsupportedError(f"packed must be (M, K / 2), got {describe(packed)}")
-    if dtype not in OUT_DTYPES:
-        raise DTypeError(f"dtype={dtype}; supported: {OUT_DTYPES}")
-    if scale_layout not in SCALE_LAYOUTS:
-        raise UnsupportedError(f"scale_layout={scale_layout!r}; supported: {SCALE_LAYOUTS}")
-    m, k = packed.shape[0], packed.shape[1] * 2
-    expected = (m, k // BLOCK) if scale_layout == "plain" else (_blocked_entries(m, k // BLOCK),)
-    if (not isinstance(scales, torch.Tensor) or tuple(scales.shape) != expected
-            or scales.dtype not in (torch.float8_e4m3fn, torch.uint8) or scales.device != packed.device):
-        raise UnsupportedError(f"scales must be {expected} float8_e4m3fn on {packed.device} for "
-                               f"scale_layout={scale_layout!r}, got {describe(scales)}")
-    scales = scales.view(torch.float8_e4m3fn)
-    global_scale = torch.as_tensor(global_scale, dtype=torch.float32, device=packed.device)
-    return nvfp4_dequantize_ref(packed, scales, global_scale, scale_layout).to(dtype)
+    from .nvfp4_gemm import DEQUANT_OUT_DTYPES, _check_layout, _check_nvfp4, _decode
+
+    _check_layout(scale_layout)
+    if dtype not in DEQUANT_OUT_DTYPES:
+        raise DTypeError(f"dtype={dtype}; supported: {DEQUANT_OUT_DTYPES}")
+    batched = isinstance(packed, torch.Tensor) and packed.dim() == 3
+    p, s = _check_nvfp4("packed", packed, "scales", scales, scale_layout, batched)
+    out = _decode(p, s, scale_layout, dtype, global_scale)
+    return out if batched else out[0]
 
 
 def compile_configurations(quick: bool = False):
-    """(kernel, config, specs) of the quantize kernel: each input dtype and scale layout."""
+    """(kernel, config, specs) of the quantize kernel (each input dtype and scale layout) and of
+    the NVFP4 product kernels (``nvfp4_gemm.compile_configurations``)."""
     from .nvfp4_quantize_sm90 import QuantizeNvfp4Sm90
+
+    from .nvfp4_gemm import compile_configurations as product_configurations
 
     found = [(QuantizeNvfp4Sm90, layout, _specs(dtype, layout))
              for dtype in ("bfloat16", "float16", "float32") for layout in SCALE_LAYOUTS]
-    return found[:1] if quick else found
+    return found[:1] + product_configurations(quick=True) if quick else found + product_configurations()
 
 
 def self_checks():

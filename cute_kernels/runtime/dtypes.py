@@ -12,6 +12,7 @@ _CUTLASS = {
     "float8_e4m3fn": cutlass.Float8E4M3FN,
     "float8_e5m2": cutlass.Float8E5M2,
     "int8": cutlass.Int8,
+    "int16": cutlass.Int16,
     "uint8": cutlass.Uint8,
     "int32": cutlass.Int32,
     "int64": cutlass.Int64,

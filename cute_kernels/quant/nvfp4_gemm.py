@@ -1,0 +1,529 @@
+"""Products with NVFP4 operands on Hopper: ``gemm_w4a16`` (bf16 / fp16 activations, NVFP4
+weights), ``gemm_nvfp4`` / ``gemv_nvfp4`` / ``nvfp4_dual_gemm`` (both operands NVFP4), and
+``NVFP4Linear``.
+
+Two paths, chosen per call:
+  - skinny (at most ``SKINNY_MAX_M`` = 64 rows on one side, K a multiple of 32):
+    ``nvfp4_skinny_sm90`` streams the NVFP4 weight once and decodes it in registers for
+    warp-level bf16 / fp16 MMAs; for ``gemm_nvfp4`` the few rows may be on either side (the
+    product is computed transposed when N is the small one);
+  - otherwise the NVFP4 operands are decoded to bf16 / fp16 by ``nvfp4_dequantize_sm90`` (exact:
+    an e2m1 value times an e4m3 scale fits both) and multiplied by ``ck.gemm`` (wgmma, TMA).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..runtime import ScalarSpec, StreamSpec, Sym, TensorSpec, UnsupportedError, get_kernel, kernel_op
+from ..runtime.dtypes import dtype_name
+from ..runtime.errors import DTypeError, check_tensor, describe
+from .formats import BLOCK, SCALE_LAYOUTS
+from .nvfp4_skinny_sm90 import SkinnyConfig
+
+SKINNY_MAX_M = 64
+PACKED_DTYPES = (torch.uint8, torch.float4_e2m1fn_x2)
+SCALE_DTYPES = (torch.float8_e4m3fn, torch.uint8)
+ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
+NVFP4_OUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+DEQUANT_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+DEQUANT_OUT_NAMES = ("bfloat16", "float16", "float32")
+
+
+# ----------------------------------------------------------------------------- configurations
+
+
+SKINNY_WARPS = 8
+SKINNY_SMEM = 110 * 1024  # two CTAs per SM
+
+
+def skinny_plan(m: int, n: int, k: int, batch: int, x_format: str, out_dtype: str,
+                sms: int) -> tuple:
+    """(configuration, splits) of the skinny kernel for ``m`` rows of x against ``n`` weight
+    rows: 8-token MMA tiles for the rows of x (1, 2, 4 or 8 tiles); 8 warps of one 16-row slab
+    each (the step's x is shared by 128 weight rows); the deepest cp.async ring (up to 8
+    stages) that leaves room for two CTAs per SM; K cut into as many ranges as it takes to give
+    every SM two CTAs, each range at least 4 steps of 128 values."""
+    tiles = 1 << max(0, (-(-m // 8) - 1).bit_length())
+    words = 4 * 32 * 2 * SKINNY_WARPS + 32 * 2 * SKINNY_WARPS + (
+        (4 * 32 + 32) * tiles if x_format == "nvfp4" else 16 * 32 * tiles)
+    stages = max(s for s in (2, 3, 4, 6, 8) if s == 2 or 4 * s * words <= SKINNY_SMEM)
+    blocks = -(-n // (16 * SKINNY_WARPS)) * batch
+    steps = -(-k // 128)
+    splits = max(1, min(-(-2 * sms // max(blocks, 1)), steps // 4))
+    return SkinnyConfig(tiles, 1, SKINNY_WARPS, stages, splits > 1, x_format, out_dtype), splits
+
+
+_SCALES = TensorSpec.rowmajor("int16", (Sym(), Sym()), 1, align=2)
+_COEFFICIENTS = tuple(ScalarSpec("int32") for _ in range(4))
+
+
+def _skinny_specs(cfg: SkinnyConfig) -> tuple:
+    words = TensorSpec.rowmajor("int32", (Sym(), Sym(), Sym()), 4, align=16)
+    scales = TensorSpec.rowmajor("int16", (Sym(), Sym()), 2, align=4)
+    width = torch.finfo(getattr(torch, cfg.out_dtype)).bits // 8
+    out = TensorSpec(cfg.out_dtype, (Sym(), Sym(), Sym()), (Sym(), Sym(), Sym()), width)
+    return (words, scales, words, scales if cfg.x_format == "nvfp4" else None, out,
+            TensorSpec(cfg.out_dtype, (Sym(),), (1,), width), TensorSpec("float32", (1,), (1,), 4),
+            TensorSpec.rowmajor("float32", (Sym(), Sym(), Sym()), 1, align=4),
+            TensorSpec.rowmajor("int32", (Sym(), Sym()), 1, align=4), ScalarSpec("int32"),
+            *_COEFFICIENTS, *_COEFFICIENTS, StreamSpec())
+
+
+def _dequantize_specs(out: str) -> tuple:
+    width = torch.finfo(getattr(torch, out)).bits // 8
+    return (TensorSpec.rowmajor("int32", (Sym(), Sym(), Sym()), 4, align=16), _SCALES,
+            TensorSpec.rowmajor(out, (Sym(), Sym(), Sym()), 16 // width, align=16),
+            TensorSpec("float32", (1,), (1,), 4), *_COEFFICIENTS, StreamSpec())
+
+
+_kernels: dict = {}
+
+
+def _skinny_kernel(cfg: SkinnyConfig):
+    fn = _kernels.get(cfg)
+    if fn is None:
+        from .nvfp4_skinny_sm90 import SkinnyGemmNvfp4Sm90  # imported at the first compile
+
+        fn = _kernels[cfg] = get_kernel(SkinnyGemmNvfp4Sm90, cfg, _skinny_specs(cfg))
+    return fn
+
+
+def _dequantize_kernel(config: str):
+    fn = _kernels.get(config)
+    if fn is None:
+        from .nvfp4_dequantize_sm90 import DequantizeNvfp4Sm90
+
+        fn = _kernels[config] = get_kernel(DequantizeNvfp4Sm90, config, _dequantize_specs(config))
+    return fn
+
+
+@kernel_op("nvfp4_skinny_gemm", mutates_args=("out",),
+           schema="(Tensor w, Tensor w_scales, Tensor x, Tensor? x_scales, Tensor(a!) out, "
+           "Tensor? bias, Tensor alpha, str scale_layout) -> ()")
+def _skinny_op(w, w_scales, x, x_scales, out, bias, alpha, scale_layout: str) -> None:
+    """``_skinny_launch`` as a custom op (torch.compile)."""
+    _skinny_launch(w, w_scales, x, x_scales, out, bias, alpha, scale_layout)
+
+
+@kernel_op("nvfp4_dequantize_words", mutates_args=("out",),
+           schema="(Tensor packed, Tensor scales, Tensor(a!) out, Tensor global_scale, "
+           "str scale_layout) -> ()")
+def _dequantize_op(packed, scales, out, global_scale, scale_layout: str) -> None:
+    """``_dequantize_launch`` as a custom op (torch.compile)."""
+    _dequantize_launch(packed, scales, out, global_scale, scale_layout)
+
+
+# ----------------------------------------------------------------------------- argument checks
+
+
+def _expected_scales(rows: int, k: int, layout: str) -> tuple:
+    if layout == "plain":
+        return (rows, k // BLOCK)
+    return (-(-rows // 128) * 128 * (-(-k // (4 * BLOCK)) * 4),)
+
+
+def _check_nvfp4(name: str, packed, scales_name: str, scales, layout: str, batched: bool,
+                 like=None) -> tuple:
+    """(packed, scales) as uint8 with a leading batch dim; clear errors first."""
+    check_tensor(name, packed, PACKED_DTYPES, like)
+    dims = 3 if batched else 2
+    if packed.dim() != dims:
+        what = "(L, rows, K / 2)" if batched else "(rows, K / 2)"
+        raise UnsupportedError(f"{name} must be {what} packed e2m1 codes, got {describe(packed)}")
+    check_tensor(scales_name, scales, SCALE_DTYPES, packed)
+    rows, k = packed.shape[-2], packed.shape[-1] * 2
+    expected = _expected_scales(rows, k, layout)
+    if batched:
+        expected = (packed.shape[0],) + expected
+    if tuple(scales.shape) != expected:
+        raise UnsupportedError(f"{scales_name} must be {expected} e4m3 for scale_layout={layout!r} "
+                               f"and {name} {describe(packed)}, got {describe(scales)}")
+    packed, scales = packed.view(torch.uint8), scales.view(torch.uint8)
+    if not batched:
+        packed, scales = packed.unsqueeze(0), scales.unsqueeze(0)
+    return packed, scales
+
+
+def _check_layout(scale_layout: str) -> None:
+    if scale_layout not in SCALE_LAYOUTS:
+        raise UnsupportedError(f"scale_layout={scale_layout!r}; supported: {SCALE_LAYOUTS}")
+
+
+def _alpha(value, device) -> torch.Tensor:
+    """A one-element fp32 tensor on ``device`` (kept per value, so a float costs one copy)."""
+    if isinstance(value, torch.Tensor):
+        if value.numel() != 1 or not value.is_floating_point():
+            raise UnsupportedError(f"a global scale must be one floating-point value, got {describe(value)}")
+        return value.to(device=device, dtype=torch.float32).reshape(1)
+    if not isinstance(value, (int, float)):
+        raise TypeError(f"a global scale must be a float or a one-element tensor, got {value!r}")
+    key = ("alpha", float(value), device)
+    t = _kernels.get(key)
+    if t is None:
+        t = _kernels[key] = torch.full((1,), float(value), dtype=torch.float32, device=device)
+    return t
+
+
+def _words(t: torch.Tensor) -> torch.Tensor:
+    """(L, rows, bytes) of any 8- or 16-bit dtype -> the same bytes as int32 words, with the
+    rows on 16 bytes (a copy where they are not)."""
+    width = t.element_size()
+    if t.is_contiguous():
+        t = t.reshape(-1).view(t.shape)  # canonical strides, size-1 dims included
+    if (t.stride(-1) != 1 or (t.stride(1) * width) % 16 or (t.stride(0) * width) % 16
+            or t.data_ptr() % 16):
+        t = t.contiguous()
+        if t.data_ptr() % 16:
+            t = t.clone()
+    return t.view(torch.int32)
+
+
+def _scale_words(scales: torch.Tensor, layout: str, k: int) -> tuple:
+    """uint8 scales with a leading batch dim -> (int16 pairs (L, span), the four coefficients
+    of ``nvfp4_skinny_sm90.scale_index``); rows and batches on 4 bytes (the kernels copy the
+    4-byte words that hold the pairs)."""
+    if scales.stride(-1) != 1 or any(s % 4 for s in scales.stride()[:-1]) or scales.data_ptr() % 4:
+        scales = scales.contiguous()
+        if scales.stride(-1) != 1 or any(s % 4 for s in scales.stride()[:-1]) or scales.data_ptr() % 4:
+            padded = torch.zeros((*scales.shape[:-1], -(-scales.shape[-1] // 2) * 2),
+                                 dtype=scales.dtype, device=scales.device)
+            padded[..., :scales.shape[-1]] = scales
+            scales = padded
+    pairs = scales.view(torch.int16)
+    if layout == "blocked":
+        return pairs, (256 * -(-k // (4 * BLOCK)), 8, 2, 256)
+    rows, stride = pairs.shape[1], pairs.stride(1)
+    span = (rows - 1) * stride + pairs.shape[2] if rows else 0
+    flat = pairs.as_strided((pairs.shape[0], span), (pairs.stride(0), 1))
+    return flat, (128 * stride, stride, 32 * stride, 2)
+
+
+def _workspace(batch: int, m: int, n: int, blocks: int, device) -> tuple:
+    """The split-K workspace (fp32 (L, M, N)) and counters (int32 (L, blocks)) of the current
+    stream: zero, and left zero by every launch (one buffer per stream, grown on demand)."""
+    key = ("work", device, torch.cuda.current_stream(device).stream_id)
+    work, counts = _kernels.get(key, (None, None))
+    if work is None or work.numel() < batch * m * n or counts.numel() < batch * blocks:
+        work = torch.zeros(max(batch * m * n, 1 << 16), dtype=torch.float32, device=device)
+        counts = torch.zeros(max(batch * blocks, 1024), dtype=torch.int32, device=device)
+        _kernels[key] = work, counts
+    return work[:batch * m * n].view(batch, m, n), counts[:batch * blocks].view(batch, blocks)
+
+
+def _zeros(n: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """A zero bias of ``n`` entries (one buffer per dtype and device, grown on demand)."""
+    key = ("zeros", dtype, device)
+    t = _kernels.get(key)
+    if t is None or t.numel() < n:
+        t = _kernels[key] = torch.zeros(max(n, 1024), dtype=dtype, device=device)
+    return t[:n]
+
+
+def _fits_skinny(k: int) -> bool:
+    return k % 32 == 0
+
+
+# ----------------------------------------------------------------------------- the paths
+
+
+def _skinny_launch(w, w_scales, x, x_scales, out, bias, alpha, scale_layout):
+    """out (L, M, N) (any strides) = alpha * x @ w^T (+ bias): w (L, N, K / 2) NVFP4 uint8 and
+    its uint8 scales; x (L, M, K) bf16 / fp16, or NVFP4 uint8 (L, M, K / 2) with its scales.
+    Run time only: the views the kernel reads (int32 words on 16 bytes, int16 scale pairs on 4
+    bytes) and the split-K workspace of the current stream are made here."""
+    batch, m = out.shape[0], out.shape[1]
+    n, k = w.shape[1], w.shape[2] * 2
+    x_format = "nvfp4" if x_scales is not None else dtype_name(x.dtype)
+    sms = torch.cuda.get_device_properties(out.device).multi_processor_count
+    cfg, splits = skinny_plan(m, n, k, batch, x_format, dtype_name(out.dtype), sms)
+    w_pairs, w_coefficients = _scale_words(w_scales, scale_layout, k)
+    x_pairs, x_coefficients = (None, (0, 0, 0, 0)) if x_scales is None else _scale_words(
+        x_scales, scale_layout, k)
+    bias = _zeros(n, out.dtype, out.device) if bias is None else bias.to(out.dtype)
+    work, counts = _workspace(batch, m, n, -(-n // (16 * cfg.warps * cfg.slabs)), out.device)
+    _skinny_kernel(cfg)(_words(w), w_pairs, _words(x), x_pairs, out, bias, alpha, work, counts,
+                        splits, *w_coefficients, *x_coefficients)
+
+
+def _run_skinny(w, w_scales, x, x_scales, out, bias, alpha, scale_layout):
+    """``_skinny_launch`` straight (eager) or through its custom op (torch.compile)."""
+    if torch.compiler.is_compiling():
+        _skinny_op(w, w_scales, x, x_scales, out, bias, alpha, scale_layout)
+    else:
+        _skinny_launch(w, w_scales, x, x_scales, out, bias, alpha, scale_layout)
+
+
+def _dequantize_launch(packed, scales, out, global_scale, scale_layout):
+    """out (L, rows, K) = the values of (L, rows, K / 2) NVFP4 data (run time only)."""
+    pairs, coefficients = _scale_words(scales, scale_layout, packed.shape[2] * 2)
+    _dequantize_kernel(dtype_name(out.dtype))(_words(packed), pairs, out, global_scale, *coefficients)
+
+
+def _decode(packed, scales, scale_layout, dtype, global_scale=None) -> torch.Tensor:
+    """(L, rows, K / 2) NVFP4 -> (L, rows, K) values in ``dtype`` (exact for bf16 / fp16 with
+    no global scale)."""
+    batch, rows, k = packed.shape[0], packed.shape[1], packed.shape[2] * 2
+    out = torch.empty((batch, rows, k), dtype=dtype, device=packed.device)
+    g = _alpha(1.0 if global_scale is None else global_scale, packed.device)
+    if out.numel() == 0:
+        return out
+    if k % 32:  # the kernel reads 32 codes at a time: the torch rule for other widths
+        from .formats import from_blocked, nvfp4_dequantize_ref
+
+        for i in range(batch):
+            s = scales[i].view(torch.float8_e4m3fn)
+            if scale_layout == "blocked":
+                s = from_blocked(s, rows, k // BLOCK)
+            out[i] = nvfp4_dequantize_ref(packed[i], s, g.reshape(())).to(dtype)
+        return out
+    if torch.compiler.is_compiling():
+        _dequantize_op(packed, scales, out, g, scale_layout)
+    else:
+        _dequantize_launch(packed, scales, out, g, scale_layout)
+    return out
+
+
+def gemm_w4a16(x, w_fp4, w_scales, w_global_scale=1.0, bias=None, *, scale_layout: str = "plain"):
+    """``x @ dequantize(w)^T * w_global_scale (+ bias)``: bf16 / fp16 activations times NVFP4
+    weights, in x's dtype.
+
+    Args:
+        x: bf16 / fp16 CUDA tensor (..., K).
+        w_fp4: packed e2m1 codes (N, K / 2), uint8 or float4_e2m1fn_x2 (``nvfp4_quantize``).
+        w_scales: e4m3 block scales, (N, K / 16) for ``scale_layout="plain"`` or the flat 128 x 4
+            blocked layout.
+        w_global_scale: float or one-element tensor (read on the GPU: no synchronization).
+        bias: optional (N,) added in fp32 before the rounding to x's dtype.
+
+    Up to 64 rows of x (decode and small prefill) run the skinny kernel: the weight streamed
+    once, decoded in registers, warp-level tensor-core MMAs, 8 warps splitting K per group of
+    weight rows. More rows decode the weight to x's dtype (one kernel, exact) and run
+    ``ck.gemm`` on it.
+
+    Constraints:
+      - K a multiple of 16 (the NVFP4 block); the skinny path needs K a multiple of 32 (other
+        widths take the decoded path)
+      - the skinny path cuts long K over CTAs when the weight has few rows: their fp32 partial
+        sums are added atomically, so the last bits may vary from run to run
+      - no autograd (weight-only quantization for inference)
+    """
+    check_tensor("x", x, ACTIVATION_DTYPES)
+    _check_layout(scale_layout)
+    k = x.shape[-1] if x.dim() else 0
+    if x.dim() < 1 or k % BLOCK:
+        raise UnsupportedError(f"x must be (..., K) with K a multiple of {BLOCK}, got {describe(x)}")
+    w, ws = _check_nvfp4("w_fp4", w_fp4, "w_scales", w_scales, scale_layout, False, x)
+    if w.shape[2] * 2 != k:
+        raise UnsupportedError(f"w_fp4 {describe(w_fp4)} holds {w.shape[2] * 2} values per row; "
+                               f"x has K = {k}")
+    n = w.shape[1]
+    if bias is not None:
+        check_tensor("bias", bias, (torch.float32, torch.float16, torch.bfloat16), x)
+        if bias.shape != (n,):
+            raise UnsupportedError(f"bias must be ({n},), got {describe(bias)}")
+    if torch.is_grad_enabled() and x.requires_grad:
+        raise UnsupportedError("gemm_w4a16 has no backward (weight-only NVFP4 is for inference); "
+                               "call it under torch.no_grad() or on a detached x")
+    lead = x.shape[:-1]
+    m = math.prod(lead)
+    rows = x.reshape(m, k)
+    alpha = _alpha(w_global_scale, x.device)
+    if m == 0 or n == 0 or k == 0:
+        out = torch.zeros((m, n), dtype=x.dtype, device=x.device)
+        if bias is not None:
+            out += bias.to(x.dtype)
+        return out.reshape(*lead, n)
+    if m <= SKINNY_MAX_M and _fits_skinny(k):
+        out = torch.empty((1, m, n), dtype=x.dtype, device=x.device)
+        _run_skinny(w, ws, rows.unsqueeze(0), None, out, bias, alpha, scale_layout)
+        return out.reshape(*lead, n)
+    from ..gemm.op import gemm
+
+    if isinstance(w_global_scale, (int, float)):  # exact weights, the scale in the epilogue
+        weight = _decode(w, ws, scale_layout, x.dtype)[0]
+        out = gemm(rows, weight.t(), bias=bias, alpha=float(w_global_scale))
+    else:  # a scale on the GPU: folded into the decoded weights (one rounding each)
+        weight = _decode(w, ws, scale_layout, x.dtype, alpha)[0]
+        out = gemm(rows, weight.t(), bias=bias)
+    return out.reshape(*lead, n)
+
+
+def gemm_nvfp4(a, b, sfa, sfb, *, alpha=1.0, scale_layout: str = "plain",
+               out_dtype: torch.dtype = torch.float16, out=None):
+    """``alpha * dequantize(a) @ dequantize(b)^T`` with both operands NVFP4 (W4A4), batched.
+
+    Args:
+        a: packed e2m1 codes (M, K / 2) or (L, M, K / 2), uint8 or float4_e2m1fn_x2.
+        b: packed e2m1 codes (N, K / 2) or (L, N, K / 2).
+        sfa, sfb: e4m3 block scales of a and b: plain (rows, K / 16) (with L first when
+            batched) or the flat blocked layout ((entries,) or (L, entries)).
+        alpha: float or one-element tensor (the product of the global scales).
+        out_dtype: fp16 (the public NVFP4 problems' output), bf16 or fp32. out: optional (M, N) /
+            (L, M, N) output of any strides.
+
+    Constraints:
+      - fp32 accumulation of the exact decoded values; at most 64 rows on one side (and K a
+        multiple of 32) run the skinny kernel, transposed when N is the small side; larger
+        products decode both operands to bf16 and run ``ck.gemm``
+      - no autograd
+    """
+    _check_layout(scale_layout)
+    if out_dtype not in NVFP4_OUT_DTYPES:
+        raise DTypeError(f"out_dtype={out_dtype}; supported: {NVFP4_OUT_DTYPES}")
+    batched = isinstance(a, torch.Tensor) and a.dim() == 3
+    pa, sa = _check_nvfp4("a", a, "sfa", sfa, scale_layout, batched)
+    pb, sb = _check_nvfp4("b", b, "sfb", sfb, scale_layout, batched, a)
+    if pa.shape[0] != pb.shape[0] or pa.shape[2] != pb.shape[2]:
+        raise UnsupportedError(f"a {describe(a)} and b {describe(b)} must share L and K")
+    batch, m, n, k = pa.shape[0], pa.shape[1], pb.shape[1], pa.shape[2] * 2
+    shape = (batch, m, n) if batched else (m, n)
+    if out is None:
+        out = torch.empty(shape, dtype=out_dtype, device=pa.device)
+    else:
+        check_tensor("out", out, (out_dtype,), pa)
+        if tuple(out.shape) != shape:
+            raise UnsupportedError(f"out must be {shape}, got {describe(out)}")
+    out3 = out if batched else out.unsqueeze(0)
+    scale = _alpha(alpha, pa.device)
+    if out.numel() == 0:
+        return out
+    if k == 0:
+        out.zero_()
+        return out
+    if min(m, n) <= SKINNY_MAX_M and _fits_skinny(k):
+        if m <= n:  # the few rows of a against b's rows
+            _run_skinny(pb, sb, pa, sa, out3, None, scale, scale_layout)
+        else:  # transposed: b's few rows against a's
+            _run_skinny(pa, sa, pb, sb, out3.transpose(1, 2), None, scale, scale_layout)
+        return out
+    from ..gemm.op import gemm
+
+    da = _decode(pa, sa, scale_layout, torch.bfloat16)
+    db = _decode(pb, sb, scale_layout, torch.bfloat16)
+    if isinstance(alpha, (int, float)):
+        gemm(da, db.transpose(1, 2), alpha=float(alpha), out_dtype=out_dtype, out=out3)
+    else:
+        out3.copy_(gemm(da, db.transpose(1, 2), out_dtype=torch.float32).mul_(scale))
+    return out
+
+
+def gemv_nvfp4(a, x, sfa, sfx, *, alpha=1.0, scale_layout: str = "plain",
+               out_dtype: torch.dtype = torch.float16, out=None):
+    """``alpha * dequantize(a) @ dequantize(x)``: an NVFP4 matrix times an NVFP4 vector.
+
+    Args:
+        a: packed codes (M, K / 2) or (L, M, K / 2); sfa its scales (as ``gemm_nvfp4``).
+        x: packed codes (K / 2,) or (L, K / 2); sfx its scales: plain (K / 16,) / (L, K / 16),
+            or blocked (a 128-row tile per vector: 128 * K / 16 entries (padded to 4 columns),
+            row 0 the vector's) as (entries,) / (L, entries).
+        out: optional (M,) / (L, M) output of any stride.
+
+    Constraints:
+      - ``gemm_nvfp4`` with one row in b: the skinny kernel streams a once (K a multiple of 32)
+    """
+    batched = isinstance(a, torch.Tensor) and a.dim() == 3
+    if not isinstance(x, torch.Tensor) or x.dim() != (2 if batched else 1):
+        raise UnsupportedError(f"x must be (K / 2,) packed codes, with L first when a is batched, "
+                               f"got {describe(x)}")
+    b = x.unsqueeze(-2)
+    sfb = sfx.unsqueeze(-2) if scale_layout == "plain" and isinstance(sfx, torch.Tensor) else sfx
+    if scale_layout == "blocked" and isinstance(sfx, torch.Tensor):
+        k = x.shape[-1] * 2
+        if sfx.shape[-1] != _expected_scales(1, k, "blocked")[0]:
+            raise UnsupportedError(f"sfx must hold {_expected_scales(1, k, 'blocked')[0]} blocked "
+                                   f"entries per vector, got {describe(sfx)}")
+    if out is not None:
+        out = out.unsqueeze(-1)
+    result = gemm_nvfp4(a, b, sfa, sfb, alpha=alpha, scale_layout=scale_layout,
+                        out_dtype=out_dtype, out=out)
+    return result.squeeze(-1)
+
+
+def nvfp4_dual_gemm(a, b1, b2, sfa, sfb1, sfb2, *, scale_layout: str = "plain",
+                    out_dtype: torch.dtype = torch.float16):
+    """``silu(a @ b1^T) * (a @ b2^T)`` with NVFP4 a, b1, b2 (the gated MLP's first layer).
+
+    Constraints:
+      - as ``gemm_nvfp4``; the products are fp32, the gate and the multiply in fp32, one
+        rounding to ``out_dtype``
+    """
+    if out_dtype not in NVFP4_OUT_DTYPES:
+        raise DTypeError(f"out_dtype={out_dtype}; supported: {NVFP4_OUT_DTYPES}")
+    first = gemm_nvfp4(a, b1, sfa, sfb1, scale_layout=scale_layout, out_dtype=torch.float32)
+    second = gemm_nvfp4(a, b2, sfa, sfb2, scale_layout=scale_layout, out_dtype=torch.float32)
+    return torch.nn.functional.silu(first).mul_(second).to(out_dtype)
+
+
+class NVFP4Linear(torch.nn.Module):
+    """``nn.Linear`` at inference with NVFP4 weights (weight-only: activations stay bf16 /
+    fp16), on ``gemm_w4a16``.
+
+    Constraints:
+      - CUDA; in_features a multiple of 16; inference only (no gradients)
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None):
+        super().__init__()
+        if in_features % BLOCK:
+            raise UnsupportedError(f"in_features={in_features} must be a multiple of {BLOCK}")
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("weight_fp4", torch.zeros(out_features, in_features // 2,
+                                                       dtype=torch.uint8, device=device))
+        self.register_buffer("weight_scales", torch.zeros(out_features, in_features // BLOCK,
+                                                          dtype=torch.float8_e4m3fn, device=device))
+        self.register_buffer("weight_global_scale", torch.ones((), device=device))
+        self.register_buffer("bias", torch.zeros(out_features, device=device) if bias else None)
+
+    @classmethod
+    def from_float(cls, linear: torch.nn.Linear) -> "NVFP4Linear":
+        """Quantize ``linear``'s weight to NVFP4 (``nvfp4_quantize``, default global scale)."""
+        from .nvfp4 import nvfp4_quantize
+
+        if not isinstance(linear, torch.nn.Linear):
+            raise TypeError(f"from_float takes an nn.Linear, got {type(linear).__name__}")
+        weight = linear.weight.detach()
+        check_tensor("linear.weight", weight, (torch.float32, torch.float16, torch.bfloat16))
+        module = cls(linear.in_features, linear.out_features, linear.bias is not None, weight.device)
+        packed, scales, global_scale = nvfp4_quantize(weight)
+        module.weight_fp4.copy_(packed)
+        module.weight_scales.copy_(scales)
+        module.weight_global_scale.copy_(global_scale)
+        if linear.bias is not None:
+            module.bias = linear.bias.detach().float().clone()
+        return module
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or x.dtype not in ACTIVATION_DTYPES:
+            raise DTypeError(f"NVFP4Linear takes bf16 / fp16 activations, got {describe(x)}")
+        if x.shape[-1] != self.in_features:
+            raise UnsupportedError(f"x has {x.shape[-1]} features in its last dim, this layer "
+                                   f"takes {self.in_features}")
+        return gemm_w4a16(x, self.weight_fp4, self.weight_scales, self.weight_global_scale,
+                          bias=self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def compile_configurations(quick: bool = False):
+    """(kernel, config, specs) of the NVFP4 product kernels the heuristics return."""
+    from .nvfp4_dequantize_sm90 import DequantizeNvfp4Sm90
+    from .nvfp4_skinny_sm90 import SkinnyGemmNvfp4Sm90
+
+    found, seen = [], set()
+    outs = {"bfloat16": ("bfloat16",), "float16": ("float16",),
+            "nvfp4": ("float16", "bfloat16", "float32")}
+    for m in (1, 16, 32, 64):
+        for x_format, out_dtypes in outs.items():
+            for out in out_dtypes:
+                for n, k in ((1024, 8192), (65536, 8192)):  # split and not
+                    cfg = skinny_plan(m, n, k, 1, x_format, out, 132)[0]
+                    if cfg not in seen:
+                        seen.add(cfg)
+                        found.append((SkinnyGemmNvfp4Sm90, cfg, _skinny_specs(cfg)))
+    for out in DEQUANT_OUT_NAMES:
+        found.append((DequantizeNvfp4Sm90, out, _dequantize_specs(out)))
+    return found[:2] if quick else found
