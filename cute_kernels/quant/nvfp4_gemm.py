@@ -35,25 +35,35 @@ DEQUANT_OUT_NAMES = ("bfloat16", "float16", "float32")
 # ----------------------------------------------------------------------------- configurations
 
 
-SKINNY_WARPS = 8
-SKINNY_SMEM = 110 * 1024  # two CTAs per SM
+SKINNY_SMEM = 110 * 1024  # two CTAs of 8 warps per SM
 
 
 def skinny_plan(m: int, n: int, k: int, batch: int, x_format: str, out_dtype: str,
                 sms: int) -> tuple:
     """(configuration, splits) of the skinny kernel for ``m`` rows of x against ``n`` weight
-    rows: 8-token MMA tiles for the rows of x (1, 2, 4 or 8 tiles); 8 warps of one 16-row slab
-    each (the step's x is shared by 128 weight rows); the deepest cp.async ring (up to 8
-    stages) that leaves room for two CTAs per SM; K cut into as many ranges as it takes to give
-    every SM two CTAs, each range at least 4 steps of 128 values."""
+    rows (measured on an H200, ``benchmarks/NOTES.md``):
+      - 8-token MMA tiles for the rows of x (1, 2, 4 or 8 tiles);
+      - one row of x: CTAs of 4 warps (64 weight rows, a 4-stage ring), K cut until there are
+        about six CTAs per SM -- small CTAs hide the latency best when x costs nothing;
+      - more rows: 8 warps (x shared by 128 or 256 weight rows), two 16-row slabs per warp where
+        that still leaves 3/4 of the SMs a CTA (then K is not cut), else one slab and K cut until
+        every SM has two CTAs; the deepest ring (up to 8 stages) that fits two CTAs per SM;
+      - never fewer than 4 steps of 128 values per range of K."""
     tiles = 1 << max(0, (-(-m // 8) - 1).bit_length())
-    words = 4 * 32 * 2 * SKINNY_WARPS + 32 * 2 * SKINNY_WARPS + (
-        (4 * 32 + 32) * tiles if x_format == "nvfp4" else 16 * 32 * tiles)
-    stages = max(s for s in (2, 3, 4, 6, 8) if s == 2 or 4 * s * words <= SKINNY_SMEM)
-    blocks = -(-n // (16 * SKINNY_WARPS)) * batch
     steps = -(-k // 128)
-    splits = max(1, min(-(-2 * sms // max(blocks, 1)), steps // 4))
-    return SkinnyConfig(tiles, 1, SKINNY_WARPS, stages, splits > 1, x_format, out_dtype), splits
+    x_words = (4 * 32 + 32) * tiles if x_format == "nvfp4" else 16 * 32 * tiles
+    if tiles == 1:
+        warps, slabs, stages = 4, 1, 4
+        blocks = -(-n // 64) * batch
+        splits = max(1, min(-(-6 * sms // blocks), steps // 4))
+    else:
+        warps = 8
+        slabs = 2 if tiles <= 4 and -(-n // 256) * batch * 4 >= 3 * sms else 1
+        words = (4 * 32 * 2 + 32 * 2) * slabs * warps + x_words
+        stages = max(s for s in (2, 4, 8) if s == 2 or 4 * s * words <= SKINNY_SMEM)
+        blocks = -(-n // (16 * slabs * warps)) * batch
+        splits = 1 if slabs == 2 else max(1, min(-(-2 * sms // blocks), steps // 4))
+    return SkinnyConfig(tiles, slabs, warps, stages, splits > 1, x_format, out_dtype), splits
 
 
 _SCALES = TensorSpec.rowmajor("int16", (Sym(), Sym()), 1, align=2)

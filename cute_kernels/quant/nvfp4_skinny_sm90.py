@@ -218,10 +218,10 @@ class SkinnyGemmNvfp4Sm90:
     def __init__(self, config: SkinnyConfig):
         if (config.x_format not in X_FORMATS or config.out_dtype not in OUT_DTYPES
                 or config.token_tiles not in (1, 2, 4, 8) or config.slabs not in (1, 2)
-                or config.warps not in (2, 4, 8) or config.stages not in (2, 3, 4, 6, 8)):
+                or config.warps not in (2, 4, 8) or config.stages not in (2, 4, 8)):
             raise ValueError(f"unsupported configuration {config}: x_format in {X_FORMATS}, "
                              f"out_dtype in {OUT_DTYPES}, 1 / 2 / 4 / 8 token tiles, 1 / 2 "
-                             f"slabs, 2 / 4 / 8 warps, 2..8 stages")
+                             f"slabs, 2 / 4 / 8 warps, 2 / 4 / 8 stages")
         self.config = config
         self.x_fp4 = config.x_format == "nvfp4"
         # int32 words per stage: weights (4 per lane, row half, slab, warp), their scale words,
