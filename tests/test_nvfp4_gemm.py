@@ -102,6 +102,28 @@ def test_split_k_workspace_is_left_zero_and_kept_per_stream():
 
 
 @gpu
+def test_launch_plans_match_the_checked_path():
+    # Repeated eager calls take a cached launch plan; its results equal the checked path's, a
+    # misaligned pointer or a new signature goes back through the checks.
+    packed, scales, w = random_nvfp4(320, 512)
+    x = torch.randn(5, 512, device="cuda", dtype=torch.bfloat16)
+    first = ck.gemm_w4a16(x, packed, scales)
+    for _ in range(2):
+        assert (ck.gemm_w4a16(x, packed, scales) - first).abs().max().item() <= 2 ** -6 * first.abs().max().item()
+    shifted = torch.randn(5 * 512 + 8, device="cuda", dtype=torch.bfloat16)[8:].view(5, 512)  # 16 B off
+    shifted.copy_(x)
+    assert (ck.gemm_w4a16(shifted, packed, scales) - first).abs().max().item() <= 2 ** -6 * first.abs().max().item()
+    a, sfa, va = random_nvfp4(2, 256, "blocked", 3)
+    b, sfb, vb = random_nvfp4(200, 256, "blocked", 3)
+    for out in (None, torch.full((3, 200, 2), float("nan"), dtype=torch.float16, device="cuda").transpose(1, 2)):
+        for _ in range(3):
+            got = ck.gemm_nvfp4(a, b, sfa, sfb, scale_layout="blocked", out=out)
+            check_close(got, va @ vb.transpose(-1, -2))
+            if out is not None:
+                out.fill_(float("nan"))
+
+
+@gpu
 def test_gemm_w4a16_strided_activations_and_nan_propagation():
     packed, scales, w = random_nvfp4(256, 512, nan_scales=True)
     x = torch.randn(8, 1024, device="cuda", dtype=torch.bfloat16)[:, ::2]  # not contiguous
