@@ -8,10 +8,9 @@ import torch
 from ..runtime import DTypeError, StreamSpec, Sym, TensorSpec, UnsupportedError, get_kernel, kernel_op
 from ..runtime.dtypes import dtype_name
 from ..runtime.errors import check_tensor, describe
-from .formats import BLOCK, SCALE_LAYOUTS, default_global_scale, nvfp4_dequantize_ref
+from .formats import BLOCK, SCALE_LAYOUTS, default_global_scale
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def _specs(x_dtype: str, scale_layout: str) -> tuple:

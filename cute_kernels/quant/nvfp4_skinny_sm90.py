@@ -56,9 +56,8 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int16, Int32, const_expr
+from cutlass import Float32, Int32, const_expr
 
-STEP = 128  # values of K per warp step: 32 per lane
 X_FORMATS = ("bfloat16", "float16", "nvfp4")
 OUT_DTYPES = ("bfloat16", "float16", "float32")
 
