@@ -42,6 +42,25 @@ def torch_error_bound(x, w_values, expected, dtype):
     return 2 * (torch_out - expected).abs().max().item() + 1e-3 * expected.abs().max().item() + 1e-6
 
 
+# ---------------------------------------------------------------- no GPU needed
+
+
+def test_nvfp4_products_check_devices_before_any_kernel():
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    packed = torch.zeros(8, 32, dtype=torch.uint8)
+    scales = torch.zeros(8, 4, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ck.DeviceError, match="x"):
+        ck.gemm_w4a16(x, packed, scales)
+    with pytest.raises(ck.DeviceError, match="a"):
+        ck.gemm_nvfp4(packed, packed, scales, scales)
+    with pytest.raises(ck.UnsupportedError, match="scale_layout"):
+        ck.gemm_nvfp4(packed, packed, scales, scales, scale_layout="swizzled")
+    with pytest.raises(ck.DTypeError, match="out_dtype"):
+        ck.gemm_nvfp4(packed, packed, scales, scales, out_dtype=torch.int8)
+    with pytest.raises(ck.UnsupportedError, match="x must be"):
+        ck.gemv_nvfp4(packed, packed, scales, scales)
+
+
 # ---------------------------------------------------------------- W4A16
 
 
