@@ -420,23 +420,20 @@ class SkinnyGemmNvfp4Sm90:
         g, t = lane // 4, lane % 4
         rows, m = mOut.shape[2], mOut.shape[1]
         alpha = mAlpha[0] * Float32(float(2 ** cfg.exponent))
-        if const_expr(not cfg.split):
-            for j in cutlass.range_constexpr(cfg.slabs):
-                for i in cutlass.range_constexpr(cfg.token_tiles):
-                    for v in cutlass.range_constexpr(4):
-                        row = row0 + 16 * (warp * cfg.slabs + j) + g + 8 * (v // 2)
-                        token = 8 * i + 2 * t + v % 2
-                        if row < rows and token < m:
+        # Where the MMA left each of this lane's sums: C fragment rows g, g + 8 of each slab,
+        # columns (tokens) 2 t, 2 t + 1 of each tile.
+        for j in cutlass.range_constexpr(cfg.slabs):
+            for i in cutlass.range_constexpr(cfg.token_tiles):
+                for v in cutlass.range_constexpr(4):
+                    row = row0 + 16 * (warp * cfg.slabs + j) + g + 8 * (v // 2)
+                    token = 8 * i + 2 * t + v % 2
+                    if row < rows and token < m:
+                        if const_expr(cfg.split):
+                            red_add(_global(mWork, (l, token, row)), acc[v, i, j, 0])
+                        else:
                             value = acc[v, i, j, 0] * alpha + mBias[row].to(Float32)
                             mOut[l, token, row] = value.to(mOut.element_type)
-        else:
-            for j in cutlass.range_constexpr(cfg.slabs):
-                for i in cutlass.range_constexpr(cfg.token_tiles):
-                    for v in cutlass.range_constexpr(4):
-                        row = row0 + 16 * (warp * cfg.slabs + j) + g + 8 * (v // 2)
-                        token = 8 * i + 2 * t + v % 2
-                        if row < rows and token < m:
-                            red_add(_global(mWork, (l, token, row)), acc[v, i, j, 0])
+        if const_expr(cfg.split):
             cute.arch.fence_acq_rel_gpu()
             cute.arch.barrier()
             if tidx == 0:
