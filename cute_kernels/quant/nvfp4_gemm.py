@@ -204,11 +204,11 @@ def _scale_words(scales: torch.Tensor, layout: str, k: int) -> tuple:
             scales = padded
     pairs = scales.view(torch.int16)
     if layout == "blocked":
-        return pairs, (256 * -(-k // (4 * BLOCK)), 8, 2, 256)
+        return pairs, _coefficients("blocked", k)
     rows, stride = pairs.shape[1], pairs.stride(1)
     span = (rows - 1) * stride + pairs.shape[2] if rows else 0
     flat = pairs.as_strided((pairs.shape[0], span), (pairs.stride(0), 1))
-    return flat, (128 * stride, stride, 32 * stride, 2)
+    return flat, _coefficients("plain", k, stride)
 
 
 def _workspace(batch: int, m: int, n: int, blocks: int, device) -> tuple:
@@ -291,11 +291,12 @@ def _rows_ok(t) -> bool:
     return t.stride(-1) == 1 and all(st * t.element_size() % 16 == 0 for st in t.stride()[:-1])
 
 
-def _coefficients(layout: str, k: int) -> tuple:
-    """``scale_index``'s coefficients for contiguous scales of K values per row."""
+def _coefficients(layout: str, k: int, row_pairs: int | None = None) -> tuple:
+    """``scale_index``'s coefficients for scales of K values per row: blocked, or plain with
+    ``row_pairs`` scale pairs from one row to the next (default K / 32: contiguous)."""
     if layout == "blocked":
         return (256 * -(-k // (4 * BLOCK)), 8, 2, 256)
-    pairs = k // 32
+    pairs = k // 32 if row_pairs is None else row_pairs
     return (128 * pairs, pairs, 32 * pairs, 2)
 
 
