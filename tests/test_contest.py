@@ -6,6 +6,7 @@ import textwrap
 
 import pytest
 
+from cute_kernels.contest import bundle as bundle_module
 from cute_kernels.contest import harness
 from cute_kernels.contest.taskfile import TaskFileError, format_case, parse_case, parse_task, read_task
 
@@ -241,6 +242,36 @@ def test_every_bundle_imports_without_cute_kernels(folder, tmp_path):
     names = [a.name for n in imports for a in n.names] + [getattr(n, "module", None) or "" for n in imports]
     assert not any(name.split(".")[0] == "cute_kernels" for name in names)
     assert "<function custom_kernel" in out
+
+
+def test_a_bundle_resolves_a_function_scope_package_import(tmp_path):
+    # softmax_op's kernel builder imports the kernel classes inside a function, under names a
+    # module-level function also has nearby: the bundle must reach the classes, not the function.
+    code = textwrap.dedent("""\
+        import torch
+        import submission as s
+        for kernels, name in ((s.cute_kernels_rowwise_softmax_op___forward_kernels, "SoftmaxFwdSm90"),
+                              (s.cute_kernels_rowwise_softmax_op___backward_kernels, "SoftmaxBwdSm90")):
+            dtypes = (torch.bfloat16,) * kernels.build.tensors_held
+            kernel_class, _, _ = kernels.build(dtypes + (4096,), 8)
+            assert kernel_class.__name__.endswith(name), kernel_class
+        print("resolved")
+    """)
+    _, out = _import_bundle(ROOT / "attention" / "softmax", tmp_path, code)
+    assert "resolved" in out
+
+
+def test_bundler_refuses_one_name_imported_from_two_places(tmp_path):
+    source = textwrap.dedent("""\
+        def f():
+            from .gemm import gemm as op
+            return op
+        def g():
+            from .attention import flash_attn as op
+            return op
+    """)
+    with pytest.raises(bundle_module.BundleError, match="imported from two places"):
+        bundle_module.Module("cute_kernels.example", source, "example.py")
 
 
 @pytest.mark.compile

@@ -84,6 +84,9 @@ class Module:
             self.deps.append(module)
 
     def _bind(self, local: str, module: str, attr: str | None, top: bool):
+        if self.aliases.get(local, (module, attr)) != (module, attr):
+            raise BundleError(f"{self.name}: '{local}' imported from two places "
+                              f"({self.aliases[local]} and {(module, attr)})")
         self.aliases[local] = (module, attr)
         self._depend(module, top)
 
@@ -172,6 +175,23 @@ def _bound_in(fn: ast.AST) -> set[str]:
     return names - declared_global
 
 
+def _imported_in(fn: ast.AST) -> set[str]:
+    """Names a function binds by importing from the package (nested scopes excluded): inside
+    it they mean the import, not a module-level name of the same spelling."""
+    names: set[str] = set()
+    stack = list(fn.body) if isinstance(getattr(fn, "body", None), list) else []
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(node, ast.Import):
+            names.update(a.asname or a.name for a in node.names if _internal(a.name))
+        elif isinstance(node, ast.ImportFrom) and (node.level > 0 or _internal(node.module or "")):
+            names.update(a.asname or a.name for a in node.names)
+        stack.extend(ast.iter_child_nodes(node))
+    return names
+
+
 class _Rename(ast.NodeTransformer):
     """Rewrite one module: its globals renamed, package imports pointed at their targets."""
 
@@ -182,6 +202,7 @@ class _Rename(ast.NodeTransformer):
         # (names, is_class): a class body's names hide globals only in the body itself, not in
         # the methods nested in it (Python's scoping).
         self.scopes: list[tuple[set[str], bool]] = []
+        self.imported: list[set[str]] = []  # per function scope: names of its package imports
         self.globals = module.globals()
 
     def _shadowed(self, name: str) -> bool:
@@ -192,10 +213,13 @@ class _Rename(ast.NodeTransformer):
                 return True
         return False
 
+    def _imported_here(self, name: str) -> bool:
+        return any(name in names for names in self.imported)
+
     def _global_name(self, name: str) -> str | None:
         if self._shadowed(name):
             return None
-        if name in self.globals:
+        if name in self.globals and not self._imported_here(name):
             return self.renamed[(self.module.name, name)]
         if name in self.module.aliases:
             target, attr = self.module.aliases[name]
@@ -236,8 +260,10 @@ class _Rename(ast.NodeTransformer):
         if not self.scopes and node.name in self.globals:
             node.name = self.renamed[(self.module.name, node.name)]
         self.scopes.append((_bound_in(node), False))
+        self.imported.append(_imported_in(node))
         node.body = [self.visit(s) for s in node.body]
         node.body = [s for s in node.body if s is not None] or [ast.Pass()]
+        self.imported.pop()
         self.scopes.pop()
         return node
 
@@ -303,6 +329,7 @@ class _Rename(ast.NodeTransformer):
             chain.append(base.attr)
             base = base.value
         if isinstance(base, ast.Name) and not self._shadowed(base.id) \
+                and (base.id not in self.globals or self._imported_here(base.id)) \
                 and base.id in self.module.aliases and self.module.aliases[base.id][1] is None:
             module = self.module.aliases[base.id][0]
             chain.reverse()

@@ -17,21 +17,21 @@ from .dispatch import ITEMSIZE, RowKernels, row_specs, vector_width, widest_item
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 MAX_ROW_LENGTH = 524288  # forward; half of it when a gradient is needed (config.row_config)
 
-def _build(kernel_name, tensors_held):
+def _build(backward: bool, tensors_held: int):
     def build(key, vec):
         # The kernel module is imported at the first compile, not with the package.
-        from . import softmax
+        from .softmax import SoftmaxBwdSm90, SoftmaxFwdSm90
 
         dtypes, n = key[:-1], key[-1]
         config = row_config(n, vec, widest_itemsize(dtypes), tensors_held, wide_clusters=True)
-        return getattr(softmax, kernel_name), config, row_specs(dtypes, n, vec)
+        return SoftmaxBwdSm90 if backward else SoftmaxFwdSm90, config, row_specs(dtypes, n, vec)
 
     build.tensors_held = tensors_held
     return build
 
 
-_forward_kernels = RowKernels(_build("SoftmaxFwdSm90", tensors_held=1))
-_backward_kernels = RowKernels(_build("SoftmaxBwdSm90", tensors_held=2))
+_forward_kernels = RowKernels(_build(backward=False, tensors_held=1))
+_backward_kernels = RowKernels(_build(backward=True, tensors_held=2))
 
 
 @kernel_op("softmax_fwd", mutates_args=("y",))
