@@ -588,6 +588,31 @@ def test_repeated_calls_use_a_plan_and_stay_correct():
 
 
 @gpu
+def test_repeated_calls_with_out_use_a_plan_where_the_kernel_writes_out():
+    # A row-major out the TMA store can write gets a plan (new data, a misaligned out pointer
+    # and a column-major out must still come out right); the result is out itself each time.
+    from cute_kernels.gemm import op
+
+    op._plans.clear()
+    base = torch.empty(96 * 200 + 1, device="cuda", dtype=torch.float16)
+    for m, k, n in ((96, 64, 200), (128, 128, 128)):
+        for _ in range(3):
+            a = torch.rand(m, k, device="cuda", dtype=torch.float16)
+            b = torch.rand(k, n, device="cuda", dtype=torch.float16)
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.float16)
+            assert ck.gemm(a, b, out=out) is out
+            check(out, a, b)
+    assert any(key[-1] is not None for key in op._plans)
+    a = torch.rand(96, 64, device="cuda", dtype=torch.float16)
+    b = torch.rand(64, 200, device="cuda", dtype=torch.float16)
+    for out in (base[1:].view(96, 200), torch.empty(200, 96, device="cuda", dtype=torch.float16).t()):
+        for _ in range(2):
+            out.fill_(float("nan"))
+            assert ck.gemm(a, b, out=out) is out
+            check(out, a, b)
+
+
+@gpu
 def test_unaligned_k_plan_pads_each_call_and_stays_correct():
     # K = 777: neither the activations' rows nor the (N, K) weight's are 16-byte multiples. The
     # first call plans zero-padding along K; later calls (new data, a misaligned pointer, a

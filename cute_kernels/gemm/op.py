@@ -409,7 +409,8 @@ def gemm(a, b, *, bias=None, alpha: float = 1.0, beta: float = 0.0, c=None, acti
     Differentiable in a, b, bias and c (the backward runs on the same kernel; with an activation
     the pre-activation is recomputed).
 
-    Repeated eager calls with the same shapes, strides and options take a cached launch plan
+    Repeated eager calls with the same shapes, strides and options (``out`` included, where the
+    kernel writes it directly) take a cached launch plan
     (checked once, on the first call), so small products cost little host time.
 
     Constraints:
@@ -420,17 +421,22 @@ def gemm(a, b, *, bias=None, alpha: float = 1.0, beta: float = 0.0, c=None, acti
         costs one zero-padded copy of that operand; an output whose rows are not 16-byte
         multiples is allocated with padded rows and returned as a view
     """
-    if (c is None and out is None and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-            and (bias is None or isinstance(bias, torch.Tensor)) and not torch.compiler.is_compiling()):
+    if (c is None and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            and (bias is None or isinstance(bias, torch.Tensor))
+            and (out is None or isinstance(out, torch.Tensor)) and not torch.compiler.is_compiling()):
         key = (a.shape, b.shape, a.stride(), b.stride(), a.dtype, b.dtype, a.device, out_dtype,
                activation, tuned, alpha == 1.0,
-               None if bias is None else (bias.shape, bias.dtype, bias.device))
+               None if bias is None else (bias.shape, bias.dtype, bias.device),
+               None if out is None else (out.shape, out.stride(), out.dtype, out.device))
         plan = _plans.get(key)
         if plan is not None and not (torch.is_grad_enabled() and (
                 a.requires_grad or b.requires_grad or (bias is not None and bias.requires_grad))):
             fn, alloc, dtype, n, pad = plan
-            d = torch.empty(alloc, dtype=dtype, device=a.device)
-            d = d[..., :n] if alloc[-1] != n else d
+            if out is None:
+                d = torch.empty(alloc, dtype=dtype, device=a.device)
+                d = d[..., :n] if alloc[-1] != n else d
+            else:  # the kernel writes ``out`` itself (plans are kept only where it did)
+                d = out
             try:
                 if pad is not None:  # rows TMA cannot read: both zero-padded along K, one launch
                     a, b = pad(a, b)
@@ -464,7 +470,8 @@ def gemm(a, b, *, bias=None, alpha: float = 1.0, beta: float = 0.0, c=None, acti
     if needs_grad and out is None:
         return _Gemm.apply(a, b, bias, c, float(alpha), float(beta), activation, out_dtype, tuned)
     d = _run(a, b, out_dtype, bias, alpha, beta, c, activation, out, tuned=tuned)
-    if key is not None and d.numel() and a.shape[-1]:
+    direct = out is None or (_canonical(out) is out and _major(out) == "row" and _tma_ready(out))
+    if key is not None and d.numel() and a.shape[-1] and direct:
         step = 16 // a.element_size()
         ready_a, ready_b = _prepare(a, b, step)
         pad = None
