@@ -41,6 +41,15 @@ def problems(selected) -> list:
     return found
 
 
+def _device_name() -> str | None:
+    try:
+        import torch
+
+        return torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    except Exception:  # a torch without CUDA support
+        return None
+
+
 def run_one(problem: Path, kind: str, scratch: Path) -> dict:
     if kind == "submission":
         runs = harness.run(problem, "leaderboard", problem / "submission.py", SECRET_SEED)
@@ -51,6 +60,7 @@ def run_one(problem: Path, kind: str, scratch: Path) -> dict:
     else:
         runs = harness.run(problem, "benchmark", problem / "baseline.py")
     report = harness.report(runs, read_task(problem)["ranking_by"])
+    report["device"] = _device_name()
     report["table"] = harness.table(runs, read_task(problem)["ranking_by"])
     return report
 

@@ -69,6 +69,40 @@ def markdown(results: dict) -> str:
     return "\n".join(out)
 
 
+def contest_markdown() -> str:
+    """The contest problems' acceptance runs (``benchmarks/contest_acceptance.py``): pass / fail
+    of the submission's and the bundle's leaderboard runs, and the submission's public benchmark
+    score against the baseline's."""
+    folder = ROOT / "results" / "contest"
+    reports = {p.name[:-5]: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+    problems = sorted({name.rsplit(".", 1)[0] for name in reports})
+    if not problems:
+        return ""
+
+    def score(report):
+        for run in (report or {}).get("runs", []):
+            if run["mode"] == "benchmark" and run["secret_seed"] is None:
+                return run["score_s"]
+        return None
+
+    lines = ["### Contest problems (GPU MODE protocol, `benchmarks/contest_acceptance.py`)", "",
+             "Leaderboard runs (test, benchmark and leaderboard steps with the public and a secret "
+             "seed) of each problem's submission and of its bundle (cute_kernels hidden); scores are "
+             "the public benchmark step's, the baseline's from the same run.", "",
+             "| problem | submission | bundle | score | baseline | baseline / score | GPU |",
+             "|---|---|---|---|---|---|---|"]
+    for problem in problems:
+        got = {kind: reports.get(f"{problem}.{kind}") for kind in ("submission", "bundle", "baseline")}
+        status = {k: "-" if v is None else ("pass" if v["passed"] else "FAIL") for k, v in got.items()}
+        ours, base = score(got["submission"]), score(got["baseline"])
+        fmt = lambda s: "-" if s is None else f"{s * 1e6:.1f} us"  # noqa: E731
+        ratio = f"{base / ours:.2f}x" if ours and base else "-"
+        gpus = sorted({v.get("device") or "?" for v in got.values() if v is not None})
+        lines.append(f"| {problem.replace('__', '/')} | {status['submission']} | {status['bundle']} | "
+                     f"{fmt(ours)} | {fmt(base)} | {ratio} | {', '.join(gpus)} |")
+    return "\n".join(lines) + "\n"
+
+
 def _sweep_plots(data: dict, gpu: str, ops: tuple, selected, x_of, xlabel: str, ylabel: str,
                  title: str, filename: str, ceiling: tuple | None = None) -> None:
     """One panel per op: ours and each peer against ``x_of(row)`` over the ``selected`` rows."""
@@ -213,7 +247,7 @@ def main():
     doc = ROOT.parent / "BENCHMARKS.md"
     text = doc.read_text()
     start, end = text.index(MARK_BEGIN) + len(MARK_BEGIN), text.index(MARK_END)
-    doc.write_text(text[:start] + "\n" + markdown(results) + text[end:])
+    doc.write_text(text[:start] + "\n" + markdown(results) + contest_markdown() + text[end:])
     plot_softmax(results)
     plot_attention(results)
     plot_families(results)
