@@ -13,12 +13,19 @@ attention problem takes about five minutes). The summary compares each submissio
 score with its baseline's:
 
     python benchmarks/contest_acceptance.py --out benchmarks/results/contest --budget 500
+
+``--gpus N`` spreads the problems over N GPUs of one host, one worker process per GPU
+(``CUDA_VISIBLE_DEVICES``): a problem's submission and baseline run on the same GPU, the
+heaviest problems (attention, then quant) first, and every worker does the submissions and
+baselines of its problems before their bundles.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -93,6 +100,40 @@ def summary(out: Path, folders: list) -> str:
     return "\n".join(lines)
 
 
+# Minutes one leaderboard run of a problem in the group took on an H100 (for spreading work).
+GROUP_WEIGHT = {"attention": 4, "quant": 3, "gemm": 2}
+
+
+def spread(folders: list, gpus: int) -> list:
+    """The problems of each of ``gpus`` workers: heaviest first, each to the least loaded."""
+    loads = [[0, []] for _ in range(gpus)]
+    for problem in sorted(folders, key=lambda p: -GROUP_WEIGHT.get(p.parent.name, 1)):
+        worker = min(loads, key=lambda w: w[0])
+        worker[0] += GROUP_WEIGHT.get(problem.parent.name, 1)
+        worker[1].append(problem)
+    return [problems for _, problems in loads]
+
+
+def run_workers(args, folders: list) -> None:
+    """One process of this script per GPU, on its share of the problems: submissions and
+    baselines first, then bundles, within the one ``--budget``."""
+    kinds_first = [k for k in args.kinds if k != "bundle"]
+    deadline = time.time() + args.budget
+    procs = []
+    for gpu, share in enumerate(spread(folders, args.gpus)):
+        if not share:
+            continue
+        names = [f"{p.parent.name}/{p.name}" for p in share]
+        steps = [kinds_first] + ([["bundle"]] if "bundle" in args.kinds else [])
+        script = " && ".join(
+            f"{sys.executable} {Path(__file__).resolve()} {' '.join(names)} --out {args.out} "
+            f"--kinds {' '.join(kinds)} --deadline {deadline}" for kinds in steps if kinds)
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu))
+        procs.append(subprocess.Popen(["bash", "-c", script], env=env))
+    for proc in procs:
+        proc.wait()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("problems", nargs="*", help="group/name or name (default: all)")
@@ -100,16 +141,23 @@ def main() -> int:
     parser.add_argument("--kinds", nargs="*", default=list(KINDS), choices=KINDS)
     parser.add_argument("--budget", type=float, default=float("inf"),
                         help="seconds after which no new run starts")
+    parser.add_argument("--gpus", type=int, default=1, help="spread the problems over this many GPUs")
+    parser.add_argument("--deadline", type=float, default=float("inf"),
+                        help="(workers) the time.time() after which no new run starts")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     folders = problems(args.problems)
+    if args.gpus > 1:
+        run_workers(args, folders)
+        print(summary(args.out, folders))
+        return 0
     started = time.perf_counter()
     for problem in folders:
         for kind in args.kinds:
             path = args.out / f"{problem.parent.name}__{problem.name}.{kind}.json"
             if path.exists():
                 continue
-            if time.perf_counter() - started > args.budget:
+            if time.perf_counter() - started > args.budget or time.time() > args.deadline:
                 print(f"budget spent: stopping before {problem.name} {kind}")
                 print(summary(args.out, folders))
                 return 0

@@ -290,3 +290,18 @@ def test_a_bundle_compiles_its_kernels_from_its_own_source(tmp_path):
     """)
     _, out = _import_bundle(folder, tmp_path, code)
     assert "compiled" in out
+
+
+def test_acceptance_spreads_problems_over_gpus_heaviest_first():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("contest_acceptance", ROOT / "benchmarks" / "contest_acceptance.py")
+    acceptance = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(acceptance)
+    folders = acceptance.problems([])
+    shares = acceptance.spread(folders, 4)
+    assert sorted(p for share in shares for p in share) == sorted(folders)  # each problem once
+    loads = [sum(acceptance.GROUP_WEIGHT.get(p.parent.name, 1) for p in share) for share in shares]
+    assert max(loads) - min(loads) <= max(acceptance.GROUP_WEIGHT.values())
+    assert all(share and share[0].parent.name == "attention" for share in shares)
+    assert acceptance.spread(folders, 1) == [sorted(folders, key=lambda p: -acceptance.GROUP_WEIGHT.get(p.parent.name, 1))]
