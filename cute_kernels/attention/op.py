@@ -142,9 +142,20 @@ def flash_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
     """out, lse = attention(q, k, v) for validated inputs (see :func:`flash_attn`): batch
     layout (B, S, H, D) without cu_seqlens, packed (total, H, D) with them. Windows are
     non-negative here (unbounded sides already replaced by Sq + Sk)."""
+    kernel, scalars = _forward_launch(q, cu_seqlens_q is not None, max_seqlen_k, softmax_scale,
+                                      local, softcap)
+    q, k, v = _aligned(q), _aligned(k), _aligned(v)
+    scale_log2, prescale, group, ctas = scalars
+    kernel(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale_log2, prescale, window_left,
+           window_right, max_seqlen_q, group, ctas)
+
+
+def _forward_launch(q: torch.Tensor, varlen: bool, max_seqlen_k: int, softmax_scale: float,
+                    local: bool, softcap: float):
+    """The compiled forward kernel for these options and its scalar arguments
+    (scale_log2, softcap_prescale, l2_group, max_ctas)."""
     from .fwd_sm90 import FlashAttnFwdSm90  # the kernel module: imported at the first compile
 
-    varlen = cu_seqlens_q is not None
     head_dim = q.shape[-1]
     config = attention_fwd_config(head_dim, local=local, softcap=softcap > 0, varlen=varlen,
                                   max_seqlen_k=max_seqlen_k)
@@ -154,11 +165,9 @@ def flash_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
     else:
         scale_log2, prescale = softmax_scale * LOG2_E, 1.0
     group = _l2_group(max_seqlen_k, head_dim, q.element_size(), local)
-    q, k, v = _aligned(q), _aligned(k), _aligned(v)
     # Persistent: one CTA per SM; otherwise one per tile (each CTA then stages O over Q).
     ctas = sm_count(q.device.index) if config.persistent else INT32_MAX
-    kernel(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale_log2, prescale, window_left,
-           window_right, max_seqlen_q, group, ctas)
+    return kernel, (scale_log2, prescale, group, ctas)
 
 
 @kernel_op("flash_attn_bwd", mutates_args=("dq", "dk", "dv"))
@@ -381,6 +390,48 @@ def _batch_forward(q, k, v, scale, causal, window_size, softcap):
     return out, lse
 
 
+_plans: dict = {}  # eager launch plans of ``flash_attn`` forward calls (see ``_forward_plan``)
+PLAN_LIMIT = 1024
+
+
+def _plan_key(q, k, v, softmax_scale, causal, window_size, softcap, dropout_p, alibi_slopes,
+              return_lse):
+    """What a launch plan of an eager ``flash_attn`` call depends on, or None where no plan
+    applies (torch.compile, arguments that are not plain tensors and numbers)."""
+    if (torch.compiler.is_compiling() or not all(type(t) is torch.Tensor for t in (q, k, v))
+            or alibi_slopes is not None or dropout_p != 0.0 or not isinstance(window_size, tuple)):
+        return None
+    return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype,
+            v.dtype, q.device, k.device, v.device, softmax_scale, bool(causal), window_size,
+            softcap, bool(return_lse))
+
+
+def _forward_plan(q, k, v, scale, causal, window_size, softcap, return_lse):
+    """A launch plan for later calls like this one (validated; no gradient): the compiled kernel
+    and its scalars, so that a call allocates its outputs and launches, without the checks and
+    the custom op's dispatch. None where the call needs more than one launch (an empty
+    problem, a copy of an input TMA cannot read)."""
+    batch, seqlen_q, heads_q, _ = q.shape
+    seqlen_k = k.shape[1]
+    if batch == 0 or seqlen_q == 0 or heads_q == 0 or seqlen_k == 0:
+        return None
+    if any(_aligned(t) is not t for t in (q, k, v)):
+        return None
+    local, left, right = _window(causal, window_size, seqlen_q + seqlen_k)
+    kernel, (scale_log2, prescale, group, ctas) = _forward_launch(q, False, seqlen_k, scale,
+                                                                  local, float(softcap))
+    out_shape, lse_shape = q.shape, (batch, heads_q, seqlen_q)
+    dtype, device = q.dtype, q.device
+
+    def run(q, k, v):
+        out = torch.empty(out_shape, dtype=dtype, device=device)
+        lse = torch.empty(lse_shape, dtype=torch.float32, device=device)
+        kernel(q, k, v, out, lse, None, None, scale_log2, prescale, left, right, seqlen_q, group, ctas)
+        return (out, lse) if return_lse else out
+
+    return run
+
+
 def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0, *,
                softmax_scale: float | None = None, causal: bool = False,
                window_size: tuple = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
@@ -403,7 +454,9 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: flo
         return_lse: also return the log-sum-exp of each row's scores, fp32 (B, Hq, Sq).
 
     Returns ``out`` (B, Sq, Hq, D) in q's dtype, or ``(out, lse)``. A row that sees no key
-    (an empty window, Sk = 0) gets out 0 and LSE -inf.
+    (an empty window, Sk = 0) gets out 0 and LSE -inf. Repeated eager calls without gradients
+    with the same shapes, strides and options take a launch plan made on the first one (no
+    checks or custom-op dispatch: an allocation of the outputs and one launch).
 
     Constraints:
       - head dim 64, 96, 128, 192 or 256, the same for q, k and v; fp32 accumulation
@@ -413,10 +466,21 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: flo
         required at another head dim the call raises before running. dQ is summed with atomic
         adds, so gradients are bit-identical from run to run only with ``deterministic=True``
     """
+    key = _plan_key(q, k, v, softmax_scale, causal, window_size, softcap, dropout_p, alibi_slopes,
+                    return_lse)
+    if key is not None:
+        plan = _plans.get(key)
+        if plan is not None and not _needs_grad(q, k, v) and not (
+                q.data_ptr() % 16 or k.data_ptr() % 16 or v.data_ptr() % 16):
+            return plan(q, k, v)
     _check_qkv(q, k, v, 4, "(batch, seqlen, heads, head_dim)")
     if k.shape[0] != q.shape[0]:
         raise UnsupportedError(f"q has batch {q.shape[0]} and k / v {k.shape[0]}: they must match")
     scale = _check_options(softmax_scale, window_size, softcap, dropout_p, alibi_slopes, q.shape[-1])
+    if key is not None and key not in _plans and not _needs_grad(q, k, v):
+        if len(_plans) >= PLAN_LIMIT:  # many shapes (growing sequences): start over
+            _plans.clear()
+        _plans[key] = _forward_plan(q, k, v, scale, causal, window_size, softcap, return_lse)
 
     def fwd(q, k, v):
         return _batch_forward(q, k, v, scale, causal, window_size, softcap)
