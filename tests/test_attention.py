@@ -264,9 +264,10 @@ def test_backward_local_windows(window, sq, sk):
 
 
 @gpu
-@pytest.mark.parametrize("dim", [64, 96])
-def test_backward_softcap(dim):
-    check_backward(*qkv(2, 300, 300, 2, 2, dim, scale=3.0), causal=True, softcap=10.0)
+@pytest.mark.parametrize("dim", [64, 96, 128])
+@pytest.mark.parametrize("kw", [{"causal": True}, {}, {"window_size": (40, 8)}])
+def test_backward_softcap(dim, kw):
+    check_backward(*qkv(2, 300, 257, 2, 2, dim, scale=3.0), softcap=10.0, **kw)
 
 
 @gpu
@@ -354,7 +355,7 @@ def test_backward_refuses_unsupported_head_dims_before_running():
     q, k, v = (t.requires_grad_() for t in qkv(1, 64, 64, 2, 2, 256))
     with pytest.raises(ck.UnsupportedError, match="backward"):
         ck.flash_attn(q, k, v)
-    q, k, v = (t.requires_grad_() for t in qkv(1, 64, 64, 2, 2, 128))
+    q, k, v = (t.requires_grad_() for t in qkv(1, 64, 64, 2, 2, 192))
     with pytest.raises(ck.UnsupportedError, match="softcap"):
         ck.flash_attn(q, k, v, softcap=5.0)
     with torch.no_grad():

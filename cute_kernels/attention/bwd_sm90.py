@@ -25,8 +25,9 @@ Design:
   - The dS^T and dQ stores to their SW128-swizzled tiles compute addresses in closed form
     (``store_ds_t``, ``store_dq``): one XOR per column group instead of the per-element
     address arithmetic the compiler re-derives every step.
-  - Masks as the forward's (``mask.py`` semantics), on the transposed scores; softcap
-    multiplies dS by the tanh derivative. dK and dQ carry the softmax scale (dK here, dQ in the
+  - Masks as the forward's (``mask.py`` semantics), on the transposed scores, only on the
+    blocks an edge crosses; softcap turns S^T into its tanh in place and multiplies dP^T - D by
+    the tanh's derivative before P^T is formed (no extra fragment). dK and dQ carry the softmax scale (dK here, dQ in the
     launcher's final scaling of the accumulator).
 
 Tensors arrive in torch order: Q, dO, dQ_accum (fp32) (B, Sq, Hq, D), K, V, dK, dV
@@ -37,7 +38,7 @@ Tensors arrive in torch order: Q, dO, dQ_accum (fp32) (B, Sq, Hq, D), K, V, dK, 
 Constraints:
   - bf16 or fp16 Q, K, V, dO, dK, dV; fp32 dQ_accum (zeroed by the caller), lse_log2 and D
     (rows contiguous, other strides multiples of 16 bytes: TMA)
-  - head dim 64, 96 or 128 (softcap: 64, 96); tile_m 64, tile_n 128 (two MMA warpgroups of 64
+  - head dim 64, 96 or 128 (softcap too); tile_m 64, tile_n 128 (two MMA warpgroups of 64
     keys)
   - strides as the forward's (head dim contiguous, the rest multiples of 16 bytes)
   - dQ is summed with atomic bulk adds: bit-reproducible from run to run only with
@@ -501,10 +502,21 @@ class FlashAttnBwdSm90:
             # P^T (while dP^T is computed), then dS^T; blocks on an edge also mask.
             mask = self.on_edge(key0, q0, seq, window_left, window_right)
             if const_expr(cfg.softcap):
+                # S^T -> tanh(S^T * scale / cap) (P's exponent is that times cap); dP^T -> (dP^T - D)
+                # times the tanh's derivative; then P^T as without softcap, and dS^T = P^T dP^T.
+                warpgroup.wait_group(1)
+                for j in cutlass.range(cute.size(acc_s), unroll_full=True):
+                    acc_s[j] = cute.math.tanh(acc_s[j] * softcap_prescale, fastmath=True)
                 warpgroup.wait_group(0)
-                self.softcap_probabilities(acc_s, acc_dp, coords, lse, dsum, scale_log2,
-                                           softcap_prescale, key0, q0, seq, window_left,
-                                           window_right)
+                self.softcap_gradients(acc_s, acc_dp, dsum)
+                if mask:
+                    self.probabilities(acc_s, coords, lse, scale_log2, key0, q0, seq,
+                                       window_left, window_right, True)
+                else:
+                    self.probabilities(acc_s, coords, lse, scale_log2, key0, q0, seq,
+                                       window_left, window_right, False)
+                for j in cutlass.range(cute.size(acc_s), unroll_full=True):
+                    acc_dp[j] = acc_s[j] * acc_dp[j]
             else:
                 warpgroup.wait_group(1)
                 if mask:
@@ -618,24 +630,14 @@ class FlashAttnBwdSm90:
                 dp[r, c] = p[r, c] * (dp[r, c] - row_d)
 
     @cute.jit
-    def softcap_probabilities(self, acc_s, acc_dp, coords, lse, dsum, scale_log2,
-                              softcap_prescale, key0, q0, seq, window_left, window_right):
-        """Softcap: P^T from the capped scores (tanh(S^T * scale / cap) * cap) and dS^T times
-        the tanh's derivative, in one pass (the tanh is needed by both); always masked."""
-        s, dp = rows_cols(acc_s), rows_cols(acc_dp)
-        for j in cutlass.range(cute.size(acc_s), unroll_full=True):
-            acc_s[j] = cute.math.tanh(acc_s[j] * softcap_prescale, fastmath=True)
-        for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
-            q = q0 + coords[0, c][1]
-            row_lse, row_d = lse[0, c], dsum[0, c]
-            for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-                capped = s[r, c]
-                score = self._visible(capped, key0 + coords[r, 0][0], q, seq, window_left,
-                                      window_right)
-                p = cute.math.exp2(score * scale_log2 - row_lse, fastmath=True)
-                s[r, c] = p
-                # the unmasked tanh: finite
-                dp[r, c] = p * (dp[r, c] - row_d) * (Float32(1.0) - capped * capped)
+    def softcap_gradients(self, acc_t, acc_dp, dsum):
+        """Softcap: dP^T -> (dP^T - D) (1 - T^2) in place, T = tanh(S^T * scale / cap) (finite),
+        the derivative of the capped score."""
+        t, dp = rows_cols(acc_t), rows_cols(acc_dp)
+        for c in cutlass.range_constexpr(cute.size(t, mode=[1])):
+            row_d = dsum[0, c]
+            for r in cutlass.range_constexpr(cute.size(t, mode=[0])):
+                dp[r, c] = (dp[r, c] - row_d) * (Float32(1.0) - t[r, c] * t[r, c])
 
     @cute.jit
     def store_kv(self, mma_kv, acc, mOut, seq, n_block, head_kv, batch, wg, tidx):

@@ -105,9 +105,9 @@ class AttentionBwdConfig:
 
 
 BWD_HEAD_DIMS = (64, 96, 128)
-# Softcap's backward keeps the tanh of every score next to P and dP: at head dim 128 (with the
-# dK and dV accumulators, 128 fp32 per thread) ptxas spills, so it is refused there for now.
-BWD_SOFTCAP_HEAD_DIMS = (64, 96)
+# Softcap's backward turns S^T into its tanh in place and folds the tanh's derivative into
+# dP^T - D before P^T is formed, so it holds no more than the plain backward (no spills at 128).
+BWD_SOFTCAP_HEAD_DIMS = BWD_HEAD_DIMS
 
 
 def bwd_supported(head_dim: int, softcap: bool) -> bool:

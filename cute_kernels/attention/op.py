@@ -462,7 +462,7 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: flo
       - head dim 64, 96, 128, 192 or 256, the same for q, k and v; fp32 accumulation
       - the head dim contiguous; other strides that are not multiples of 8 elements (or a data
         pointer not on 16 bytes) cost a copy of that tensor
-      - differentiable for head dims 64, 96 and 128 (softcap: 64, 96); with gradients
+      - differentiable for head dims 64, 96 and 128 (with or without softcap); with gradients
         required at another head dim the call raises before running. dQ is summed with atomic
         adds, so gradients are bit-identical from run to run only with ``deterministic=True``
     """
