@@ -417,7 +417,15 @@ class FlashAttnFwdSm90:
         pipe_k = steps[9]
         acc_s = cute.make_rmem_tensor(tiled_mma_qk.get_slice(0).partition_shape_C((64, self.tile_n)), Float32)
         pipe_k.consumer_wait(state)
+        # The warpgroups take turns from the first GEMM on, so that one's first softmax runs
+        # under the other's first GEMM.
+        if const_expr(self.pingpong):
+            cute.arch.barrier(barrier_id=int(AttentionBarrier.MMA_TURN) + self._wg(),
+                              number_of_threads=256)
         warpgroup_gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, state.index], True)
+        if const_expr(self.pingpong):
+            cute.arch.barrier_arrive(barrier_id=int(AttentionBarrier.MMA_TURN) + self._next_wg(),
+                                     number_of_threads=256)
         warpgroup.wait_group(0)
         pipe_k.consumer_release(state)
         self.scores(steps, acc_s, n_block, self.config.local, True)
