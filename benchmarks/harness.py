@@ -192,6 +192,7 @@ class Results:
             "metric": metric,
             "ours": round(ours, 1),
             "peers": {k: round(v, 1) for k, v in peers.items() if v is not None},
+            "date": self.data.get("date") or datetime.date.today().isoformat(),
             **extra,
         }
         key = (row["family"], row["op"], row["shape"], row["dtype"])

@@ -19,12 +19,13 @@ def load() -> dict:
 
 def table(rows: list) -> str:
     peers = sorted({k for r in rows for k in r["peers"]})
-    head = ["op", "shape", "dtype", "ours"] + peers + [f"ours/{p}" for p in peers]
+    head = ["op", "shape", "dtype", "ours"] + peers + [f"ours/{p}" for p in peers] + ["run"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         values = [r["op"], r["shape"], r["dtype"], f"{r['ours']:.0f} {r['metric']}"]
         values += [f"{r['peers'][p]:.0f}" if p in r["peers"] else "" for p in peers]
         values += [f"{r['ours'] / r['peers'][p]:.3f}x" if p in r['peers'] else '' for p in peers]
+        values.append(r.get("date", "earlier"))  # rows keep the date of the run that measured them
         lines.append("| " + " | ".join(values) + " |")
     return "\n".join(lines)
 
@@ -39,9 +40,10 @@ def markdown(results: dict) -> str:
     out = []
     for gpu, data in results.items():
         ceil = data.get("ceilings", {})
-        out.append(f"### {data.get('device', gpu)} ({data.get('date', '?')}; DSL {data.get('dsl', '?')}, "
+        out.append(f"### {data.get('device', gpu)} (latest run {data.get('date', '?')}; DSL {data.get('dsl', '?')}, "
                    f"torch {data.get('torch', '?')})")
-        out.append(f"Ceilings measured in the same run: copy {ceil.get('copy_GBps', '?')} GB/s, "
+        out.append(f"Each row's peers ran in the same run as ours (its date: `run`; `earlier`: before "
+                   f"rows were dated). Ceilings of the latest run: copy {ceil.get('copy_GBps', '?')} GB/s, "
                    f"bf16 matmul {ceil.get('bf16_mm_TFLOPs', '?')} TFLOP/s.")
         families = []
         for r in data["rows"]:
