@@ -140,7 +140,11 @@ SINGLE_WAVE_MIN_RUN = 3072
 # 256 x 8192 x 8192 (128 x 128 tiles filling 128 SMs), 337 vs 583 (64 x 128 pairs) at
 # 256 x 4096 x 14336, 426 vs 488 at 256 x 6144 x 4096 (a last wave 59% full; cuBLAS 520). The
 # two 256 x 8192 / 10240 x 8192 measurements put its efficiency at 0.8 against 128 x 128's 0.7.
-SMALL_M_TILE_EFFICIENCY = {(128, 256): 1.0, (128, 160): 0.8, (128, 128): 0.7, (64, 128): 0.6}
+# On H100, at 256 x 28672 x 4096 (data-parallel): 128 x 160 pairs 578, 128 x 256 (no cluster:
+# each weight slab read by two CTAs) 554, cuBLAS 576 TFLOP/s; 128 x 256 at 256 x 14336 x 4096
+# (one wave) 544 vs 463 for 128 x 160 (1.4 waves): 128 x 256's unshared weight reads put it at
+# 0.9, 128 x 160 at 0.85 (still below 128 x 128 at 256 x 8192 x 8192, one wave of each).
+SMALL_M_TILE_EFFICIENCY = {(128, 256): 0.9, (128, 160): 0.85, (128, 128): 0.7, (64, 128): 0.6}
 NARROW_TILE_MIN_FILL = 0.7
 # A single partial wave of 64-row tiles is cut along K only while fewer tiles than half the
 # clusters would run data-parallel: from there the data-parallel grid streams the weights as
@@ -214,8 +218,14 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
         # 6144 x 4096 (1489); at M = 128 x 4096 x 4096, 0.69x (1985)).
         long_runs = cluster_tiles > clusters or (tail * k >= SINGLE_WAVE_MIN_RUN * clusters
                                                  and (tm > 64 or tail < SINGLE_WAVE_MAX_FILL * clusters))
+        # At 128 < M <= 256 a tail after full waves cuts the two row tiles of a weight slab
+        # apart, so the slab is read twice from DRAM: there only a single partial wave is cut
+        # (measured on H100, stream-K / data-parallel: 128 x 256 0.84x / 0.79x at
+        # 256 x 28672 / 14336 x 4096, 128 x 128 pairs 0.70x at 256 x 6144 x 4096, 64 x 128
+        # pairs 0.80-0.98x; a single wave at 256 x 4096 x 14336: 1.17-1.32x).
+        after_waves = 128 < m <= 256 and cluster_tiles > clusters
         stream_k = (itemsize == 2 and not pingpong and long_runs and tn > 64
-                    and 0 < tail <= 0.75 * clusters and k >= 2048
+                    and 0 < tail <= 0.75 * clusters and k >= 2048 and not after_waves
                     and clusters * 4096 <= STREAM_K_MAX_PIECES * k * tail)
         return cm, clusters, cluster_tiles, stream_k
 
