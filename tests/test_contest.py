@@ -177,6 +177,24 @@ def test_benchmark_and_leaderboard_modes(problem):
     assert [r.mode for r in runs] == ["test"] and not harness.report(runs, "geom")["passed"]
 
 
+
+def test_benchmark_mode_warms_up_on_the_first_case_untimed(problem, tmp_path):
+    # The upstream scripts time nothing before an untimed pass over the first case; the other
+    # cases get their check and their timed repeats only.
+    log = tmp_path / "calls.txt"
+    counting = tmp_path / "counting.py"
+    counting.write_text("def custom_kernel(data):\n"
+                        f"    with open({str(log)!r}, 'a') as f:\n"
+                        "        f.write(str(data.numel()) + '\\n')\n"
+                        "    return data * 2\n")
+    (bench,) = harness.run(problem, "benchmark", counting)
+    assert bench.passed
+    sizes = [int(line) for line in log.read_text().split()]
+    first, second = (int(c.stats["runs"]) for c in bench.cases)
+    assert sizes[0] == 4096 and sizes[-1] == 65536
+    assert sizes.count(4096) >= (1 + 3) + (1 + first)  # warm-up: a check and >= 3 repeats
+    assert sizes.count(65536) == 1 + second
+
 def test_cli_writes_a_table_and_json(problem, tmp_path, capsys):
     out = tmp_path / "result.json"
     code = harness.main(["test", str(problem), "--submission", str(problem / "wrong.py"), "--json", str(out)])
