@@ -642,15 +642,16 @@ class FlashAttnBwdSm90:
     @cute.jit
     def store_kv(self, mma_kv, acc, mOut, seq, n_block, head_kv, batch, wg, tidx):
         """This warpgroup's 64 key rows of dK or dV, in the output dtype, rows past the
-        sequence left alone."""
+        sequence left alone. A thread holds pairs of adjacent columns: one 32-bit store each."""
         out = cute.make_rmem_tensor(acc.shape, self.dtype)
         convert_pairs(acc, out)
         rows = self._rows(mOut, seq.offset_k, head_kv, batch)
         g = cute.local_tile(rows, (64, self.head_dim), (n_block * 2 + wg, 0))
         thr = mma_kv.get_slice(tidx % 128)
-        tg = thr.partition_C(g)
+        tg = cute.recast_tensor(thr.partition_C(g), Int32)
+        pairs = cute.recast_tensor(out, Int32)
         tc = thr.partition_C(cute.make_identity_tensor((64, self.head_dim)))
         rows_left = seq.seqlen_k - (n_block * self.tile_n + wg * 64)
-        for j in cutlass.range(cute.size(out), unroll_full=True):
-            if tc[j][0] < rows_left:
-                tg[j] = out[j]
+        for j in cutlass.range(cute.size(pairs), unroll_full=True):
+            if tc[2 * j][0] < rows_left:
+                tg[j] = pairs[j]
