@@ -8,6 +8,7 @@ a new length never recompiles.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 HEAD_DIMS = (64, 96, 128, 192, 256)
@@ -60,6 +61,7 @@ PERSISTENT_ANY_KEYS = (64, 96)  # unmasked head dims whose alternative is the sa
 TILES = {64: (192, 128), 96: (128, 128), 128: (128, 128), 192: (128, 112), 256: (128, 80)}
 
 
+@functools.lru_cache(maxsize=4096)
 def attention_fwd_config(head_dim: int, *, local: bool, softcap: bool, varlen: bool,
                          max_seqlen_k: int = 0) -> AttentionFwdConfig:
     tile_m, tile_n = TILES[head_dim]
@@ -114,6 +116,7 @@ def bwd_supported(head_dim: int, softcap: bool) -> bool:
     return head_dim in (BWD_SOFTCAP_HEAD_DIMS if softcap else BWD_HEAD_DIMS)
 
 
+@functools.lru_cache(maxsize=256)
 def attention_bwd_config(head_dim: int, *, local: bool, softcap: bool, varlen: bool,
                          deterministic: bool = False) -> AttentionBwdConfig:
     return AttentionBwdConfig(head_dim, local=local, softcap=softcap, varlen=varlen,

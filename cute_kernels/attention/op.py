@@ -8,6 +8,7 @@ and ``flash_attn_varlen_func``, so switching is a change of import.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -154,12 +155,10 @@ def _forward_launch(q: torch.Tensor, varlen: bool, max_seqlen_k: int, softmax_sc
                     local: bool, softcap: float):
     """The compiled forward kernel for these options and its scalar arguments
     (scale_log2, softcap_prescale, l2_group, max_ctas)."""
-    from .fwd_sm90 import FlashAttnFwdSm90  # the kernel module: imported at the first compile
-
     head_dim = q.shape[-1]
     config = attention_fwd_config(head_dim, local=local, softcap=softcap > 0, varlen=varlen,
                                   max_seqlen_k=max_seqlen_k)
-    kernel = get_kernel(FlashAttnFwdSm90, config, kernel_specs(dtype_name(q.dtype), head_dim, varlen))
+    kernel = _compiled("fwd", config, q.dtype, q.device.index)
     if softcap > 0:
         scale_log2, prescale = softcap * LOG2_E, softmax_scale / softcap
     else:
@@ -183,13 +182,11 @@ def flash_attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     here, the kernel adds dQ into a zeroed fp32 accumulator, which is scaled into ``dq``.
     ``deterministic``: the adds go in a fixed order, through one zeroed int32 semaphore per
     (sequence, query head, block of 64 queries)."""
-    from .bwd_sm90 import FlashAttnBwdSm90  # the kernel module: imported at the first compile
-
     varlen = cu_seqlens_q is not None
     head_dim = q.shape[-1]
     config = attention_bwd_config(head_dim, local=local, softcap=softcap > 0, varlen=varlen,
                                   deterministic=deterministic)
-    kernel = get_kernel(FlashAttnBwdSm90, config, bwd_kernel_specs(dtype_name(q.dtype), head_dim, varlen))
+    kernel = _compiled("bwd", config, q.dtype, q.device.index)
     if softcap > 0:
         scale_log2, prescale = softcap * LOG2_E, softmax_scale / softcap
     else:
@@ -215,15 +212,32 @@ def flash_attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     torch.mul(dq_accum, softmax_scale, out=dq)
 
 
+@functools.lru_cache(maxsize=None)
+def _compiled(kind: str, config, dtype: torch.dtype, device_index: int):
+    """The compiled kernel of ``kind`` ("fwd", "bwd", "row_dot": then ``config`` is the head
+    dim) for a configuration and dtype on a device: the compile cache's lookup, which builds
+    and hashes the argument specs (tens of microseconds of host time), once per process."""
+    name = dtype_name(dtype)
+    if kind == "fwd":
+        from .fwd_sm90 import FlashAttnFwdSm90  # the kernel modules: imported at the first compile
+
+        return get_kernel(FlashAttnFwdSm90, config, kernel_specs(name, config.head_dim, config.varlen))
+    if kind == "bwd":
+        from .bwd_sm90 import FlashAttnBwdSm90
+
+        return get_kernel(FlashAttnBwdSm90, config, bwd_kernel_specs(name, config.head_dim, config.varlen))
+    from .preprocess import RowDotSm90
+
+    return get_kernel(RowDotSm90, row_dot_config(config), row_dot_specs(name, config))
+
+
 def _row_dot(out: torch.Tensor, dout: torch.Tensor) -> torch.Tensor:
     """D = rowsum(dout * out) in fp32, one value per (token, head) row, by the preprocess kernel."""
-    from .preprocess import RowDotSm90  # the kernel module: imported at the first compile
-
     head_dim = out.shape[-1]
     rows_o, rows_do = out.reshape(-1, head_dim), dout.reshape(-1, head_dim)
     dsum = torch.empty(rows_o.shape[0], dtype=torch.float32, device=out.device)
     if dsum.numel():
-        kernel = get_kernel(RowDotSm90, row_dot_config(head_dim), row_dot_specs(dtype_name(out.dtype), head_dim))
+        kernel = _compiled("row_dot", head_dim, out.dtype, out.device.index)
         kernel(_aligned(rows_o), _aligned(rows_do), dsum)
     return dsum
 
