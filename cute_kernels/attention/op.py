@@ -272,6 +272,9 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     """``t`` itself when TMA can read it, else a view or copy that it can (the last dim is
     already unit-stride). Size-1 dims first get the stride a contiguous tensor would have:
     they never address anything."""
+    if t.is_contiguous() and t.data_ptr() % 16 == 0 and all(
+            s > 0 and s % ALIGN == 0 for s in t.stride()[:-1]):
+        return t  # the common case (a size-1 dim's stride is free in a contiguous tensor)
     strides = list(t.stride())
     for i in range(t.dim() - 2, -1, -1):
         if t.shape[i] == 1:
