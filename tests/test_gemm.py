@@ -110,6 +110,16 @@ def test_heuristic_fills_the_machine():
     assert not choose_config(4096, 4352, 1024, 1, 2, 132).stream_k  # short K
     assert not choose_config(4096, 4352, 4096, 1, 1, 132).stream_k  # fp8
     assert not choose_config(1024, 1024, 4096, 1, 2, 132).stream_k  # one partial wave
+    # 128 < M <= 256: no tail after full waves (it would read a weight slab's two row tiles
+    # apart); a single partial wave is still cut along K.
+    wide = choose_config(256, 28672, 4096, 1, 2, 132)
+    assert (wide.tile_m, wide.tile_n, wide.cluster_m, wide.stream_k) == (128, 160, 2, False)
+    for m, n, k in ((256, 14336, 4096), (256, 6144, 4096), (192, 6144, 8192), (256, 10240, 8192)):
+        cfg = choose_config(m, n, k, 1, 2, 132)
+        clusters = 132 // cfg.cluster_m
+        cluster_tiles = -(-m // (cfg.tile_m * cfg.cluster_m)) * -(-n // cfg.tile_n)
+        assert not (cfg.stream_k and cluster_tiles > clusters), (m, n, k, cfg)
+    assert choose_config(256, 6144, 14336, 1, 2, 132).stream_k  # 96 tiles on 132 SMs
     # fp8 exact runs the next tile's first k-tile under the epilogue where CTAs have two tiles.
     assert fp8.epilogue_mma and big_fp8.epilogue_mma
     assert not choose_config(1000, 2896, 1040, 1, 1, 132).epilogue_mma  # 128 tiles on 132 SMs
