@@ -509,22 +509,14 @@ class FlashAttnBwdSm90:
                     acc_s[j] = cute.math.tanh(acc_s[j] * softcap_prescale, fastmath=True)
                 warpgroup.wait_group(0)
                 self.softcap_gradients(acc_s, acc_dp, dsum)
-                if mask:
-                    self.probabilities(acc_s, coords, lse, scale_log2, key0, q0, seq,
-                                       window_left, window_right, True)
-                else:
-                    self.probabilities(acc_s, coords, lse, scale_log2, key0, q0, seq,
-                                       window_left, window_right, False)
+                self.edge_probabilities(acc_s, coords, lse, scale_log2, key0, q0, seq,
+                                        window_left, window_right, mask)
                 for j in cutlass.range(cute.size(acc_s), unroll_full=True):
                     acc_dp[j] = acc_s[j] * acc_dp[j]
             else:
                 warpgroup.wait_group(1)
-                if mask:
-                    self.probabilities(acc_s, coords, lse, scale_log2, key0, q0, seq,
-                                       window_left, window_right, True)
-                else:
-                    self.probabilities(acc_s, coords, lse, scale_log2, key0, q0, seq,
-                                       window_left, window_right, False)
+                self.edge_probabilities(acc_s, coords, lse, scale_log2, key0, q0, seq,
+                                        window_left, window_right, mask)
                 warpgroup.wait_group(0)
                 self.score_gradients(acc_s, acc_dp, dsum)
             convert_pairs(as_operand_a(acc_s), tVrP)
@@ -602,6 +594,18 @@ class FlashAttnBwdSm90:
             offset = seq.seqlen_k - seq.seqlen_q
             ok = ok and key <= q + offset + window_right and key >= q + offset - window_left
         return score if ok else -Float32.inf
+
+    @cute.jit
+    def edge_probabilities(self, acc_s, coords, lse, scale_log2, key0, q0, seq, window_left,
+                           window_right, mask):
+        """``probabilities``, masked where ``mask`` (a run-time flag: the block is on an edge)
+        says so: both variants compiled, one branch between them."""
+        if mask:
+            self.probabilities(acc_s, coords, lse, scale_log2, key0, q0, seq, window_left,
+                               window_right, True)
+        else:
+            self.probabilities(acc_s, coords, lse, scale_log2, key0, q0, seq, window_left,
+                               window_right, False)
 
     @cute.jit
     def probabilities(self, acc_s, coords, lse, scale_log2, key0, q0, seq, window_left,
