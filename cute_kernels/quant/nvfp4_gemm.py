@@ -14,6 +14,7 @@ Two paths, chosen per call:
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 
@@ -322,13 +323,49 @@ def _w4a16_plan(parts, lead, m, n, k):
 
     def run(x, w, s, g, bias):
         out = torch.empty((1, m, n), dtype=x.dtype, device=x.device)
-        fn(_words_3d(w), s.view(torch.int16).view(1, -1), x.view(torch.int32).view(1, m, k // 2),
-           None, out,
+        w_words, s_pairs = _weight_views(w, s)
+        fn(w_words, s_pairs, x.view(torch.int32).view(1, m, k // 2), None, out,
            zeros if bias is None else bias.to(x.dtype),
            constant if constant is not None else _alpha(g, x.device), work, counts, splits,
            *coefficients)
         return out.view(*lead, n)
     return run
+
+
+# The kernel's views of recently used weights (packed codes as int32 words with a batch dim,
+# scales as int16 pairs), by the identities of the two tensors. A view made with ``view``
+# would keep the weight's tensor alive; these are made on its storage instead, so a weakref
+# callback can drop the entry when the weight is freed (and its id can be reused).
+_views: dict = {}
+_VIEW_LIMIT = 64
+
+
+def _weight_views(w: torch.Tensor, s: torch.Tensor) -> tuple:
+    key = (id(w), id(s))
+    entry = _views.get(key)
+    if (entry is not None and entry[0]() is w and entry[1]() is s
+            and entry[2] == (w.data_ptr(), s.data_ptr())):
+        return entry[3]
+    rows, row_bytes = w.stride(0) * w.element_size(), w.shape[1] * w.element_size()
+    views = (_storage_view(w, torch.int32, (1, w.shape[0], row_bytes // 4),
+                           (w.shape[0] * rows // 4, rows // 4, 1)),
+             _storage_view(s, torch.int16, (1, s.numel() // 2), (s.numel() // 2, 1)))
+    if len(_views) >= _VIEW_LIMIT:
+        _views.pop(next(iter(_views)))
+
+    def forget(_, key=key):
+        _views.pop(key, None)
+
+    _views[key] = (weakref.ref(w, forget), weakref.ref(s, forget), (w.data_ptr(), s.data_ptr()),
+                   views)
+    return views
+
+
+def _storage_view(t: torch.Tensor, dtype: torch.dtype, shape: tuple, stride: tuple) -> torch.Tensor:
+    """``t``'s bytes as a ``dtype`` tensor of ``shape`` and ``stride``, sharing its storage
+    without referring to ``t`` (its offset on the dtype's width: the plans' 16-byte check)."""
+    offset = t.storage_offset() * t.element_size() // torch.empty((), dtype=dtype).element_size()
+    return torch.empty(0, dtype=dtype, device=t.device).set_(t.untyped_storage(), offset, shape, stride)
 
 
 def _nvfp4_plan(parts, batched, transpose, shape, out_dtype, k):

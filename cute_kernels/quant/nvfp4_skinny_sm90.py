@@ -22,14 +22,18 @@ Design:
     tokens its N (8 per tile). A reduction over K may take the values in any order, so the
     lane's A fragment slots hold its own 32 codes in the order the decode produces them, and
     its B fragment (x) is gathered in that same order.
-  - Decode: for a 32-bit word of 8 codes c0..c7 (c_q in bits 4q..4q+3), ``R_i = f(word >> 4i)``
-    with ``f(v) = ((v << 6) & 0x01C001C0) | ((v << 12) & 0x80008000)`` puts c_i and c_(i+4) into
-    the two bf16 halves (sign to bit 15, exponent and mantissa to bits 6..8): the bf16 value is
-    the code's value times 2^-126 (fp16: bits 9..11, 2^-14). One ``mul.bf16x2`` by the block
-    scale times 2^118 (fp16: 2^7) then gives code * scale * 2^-8 (2^-7), exact; the epilogue
-    multiplies by 2^8 (2^7) and alpha. A pair (c_i, c_(i+4)) is one 32-bit A register; x's
-    matching pair (x_i, x_(i+4)) is one byte permute of its natural words, or the same decode
-    when x is NVFP4.
+  - Decode: for a 32-bit word of 8 codes c0..c7 (c_q in bits 4q..4q+3), ``R_i`` holds c_i and
+    c_(i+4) in its two bf16 halves, sign at bit 15 and exponent and mantissa at bits 6..8: the
+    bf16 value is the code's value times 2^-126 (fp16: bits 9..11, 2^-14). bf16: the pair is
+    masked out of the word (of the word shifted down a byte for i = 2, 3), and one integer
+    multiply by ``2^a + 2^(a + 6)`` writes two copies of it that cannot overlap (so nothing
+    carries): the first copy's magnitude and the second's sign are what the final mask keeps --
+    two logic operations and a multiply per pair, the multiply on the FMA pipe, where the
+    shifts-and-masks form ``((v << 6) & 0x01C001C0) | ((v << 12) & 0x80008000)`` (which fp16
+    still uses) takes four ALU operations. One ``mul.bf16x2`` by the block scale times 2^118
+    (fp16: 2^7) then gives code * scale * 2^-8 (2^-7), exact; the epilogue multiplies by 2^8
+    (2^7) and alpha. A pair (c_i, c_(i+4)) is one 32-bit A register; x's matching pair (x_i,
+    x_(i+4)) is one byte permute of its natural words, or the same decode when x is NVFP4.
   - One range of K (``splits`` = 1): each lane writes its outputs. Several: each CTA adds its
     fp32 partial sums into a workspace (``red.global.add``) and counts itself in its row
     block's counter; the last CTA of the block reads the sums, writes the output, and leaves
@@ -61,9 +65,8 @@ from cutlass import Float32, Int32, const_expr
 X_FORMATS = ("bfloat16", "float16", "nvfp4")
 OUT_DTYPES = ("bfloat16", "float16", "float32")
 
-# Per decoded word i = 0..3: (left shift of the magnitude bits, left shift of the sign bit);
-# a negative shift is a right shift.
-_BF16_SHIFTS = ((6, 12), (2, 8), (-2, 4), (-6, 0))
+# fp16 pairs, per decoded word i = 0..3: (left shift of the magnitude bits, left shift of the
+# sign bit); a negative shift is a right shift.
 _FP16_SHIFTS = ((9, 12), (5, 8), (1, 4), (-3, 0))
 
 
@@ -102,13 +105,26 @@ def _shift(reg: str, src: str, amount: int) -> str:
 def _decode_ptx(half: bool) -> str:
     """PTX: {$r0} a word of 8 codes, {$r1} the scale pair -> {$w0..$w3} the scaled pairs
     (c_i, c_(i+4)), i = 0..3."""
-    magnitude = "0x0E000E00" if half else "0x01C001C0"
     mul = "mul.rn.f16x2" if half else "mul.rn.bf16x2"
+    if not half:
+        # Pairs 0 / 1 from the word, 2 / 3 from the word shifted down a byte; each pair masked,
+        # then one integer multiply by 2^a + 2^(a + 6) writes two copies of it that do not
+        # overlap (so no carries): the first's magnitude and the second's sign are the bits the
+        # last mask keeps.
+        lines = ["{ .reg .b32 u, p;", "shr.u32 u, {$r0}, 8;"]
+        for i, (src, mask, factor) in enumerate((("{$r0}", "0x000F000F", "0x1040"),
+                                                 ("{$r0}", "0x00F000F0", "0x104"),
+                                                 ("u", "0x000F000F", "0x1040"),
+                                                 ("u", "0x00F000F0", "0x104"))):
+            lines.append(f"and.b32 p, {src}, {mask}; mul.lo.u32 p, p, {factor};"
+                         f" and.b32 p, p, 0x81C081C0; {mul} {{$w{i}}}, p, {{$r1}};")
+        lines.append("}")
+        return " ".join(lines)
     lines = ["{ .reg .b32 m, s;"]
-    for i, (left, sign) in enumerate(_FP16_SHIFTS if half else _BF16_SHIFTS):
+    for i, (left, sign) in enumerate(_FP16_SHIFTS):
         lines.append(_shift("m", "{$r0}", left))
         lines.append(_shift("s", "{$r0}", sign) if sign else "mov.b32 s, {$r0};")
-        lines.append(f"and.b32 m, m, {magnitude}; and.b32 s, s, 0x80008000; or.b32 m, m, s;")
+        lines.append(f"and.b32 m, m, 0x0E000E00; and.b32 s, s, 0x80008000; or.b32 m, m, s;")
         lines.append(f"{mul} {{$w{i}}}, m, {{$r1}};")
     lines.append("}")
     return " ".join(lines)
