@@ -1,21 +1,23 @@
 """NVFP4 -> bf16 / fp16 / fp32 values in one pass, for Hopper (sm_90a).
 
-Each thread owns 32 codes of a row (16 bytes, one vector load) and their two e4m3 scales (one
-16-bit load, plain or blocked layout); it decodes them as the skinny GEMM does
-(``nvfp4_skinny_sm90.decode_word``: code * scale * 2^-8, exact in bf16), multiplies by
-``2^8 * global_scale`` in fp32 (exact for a power-of-two global scale; otherwise the one
-rounding of ``(code * scale) * global_scale`` in fp32, as the torch rule) and stores the 32
-values in the output dtype (one rounding) with 16-byte stores. With a global scale of 1 and a
-bf16 / fp16 output (the W4A16 GEMM's decoded weights) the values are exact in the output dtype
-already: the decode runs in that dtype, one ``mul`` by 2^8 (fp16: 2^7) per pair, and byte
-permutes put the pairs (c_i, c_(i+4)) back in order -- no fp32 at all.
+Each thread owns 8 codes of a row (one 32-bit load; a warp reads 128 contiguous bytes) and
+writes their 8 values (one 16-byte store in bf16 / fp16: a warp writes 512 contiguous bytes);
+CTAs run along a row, one row per CTA column of the grid. The codes are decoded as the skinny
+GEMM does (``nvfp4_skinny_sm90.decode_word``) with their e4m3 scale (the 16-bit pair of their
+32-code chunk, plain or blocked layout). With a global scale of 1 and a bf16 / fp16 output (the
+W4A16 GEMM's decoded weights) the values are exact in the output dtype: the decode runs in
+that dtype, one ``mul`` by 2^8 (fp16: 2^7) per pair, and byte permutes put the pairs
+(c_i, c_(i+4)) in order. Otherwise each value is multiplied by ``2^8 * global_scale`` in fp32
+(exact for a power-of-two global scale; else the one rounding of ``(code * scale) *
+global_scale`` in fp32, as the torch rule) and rounded once to the output dtype.
 
 Tensors: packed int32 (L, rows, K / 8); scales int16 (L, span) (pairs of e4m3 bytes, either
 layout: ``nvfp4_skinny_sm90.scale_index`` and its coefficients); out (L, rows, K); global scale
 fp32 (1,).
 
 Constraints:
-  - K a multiple of 32; rows of packed and out on 16 bytes; rows, K and L dynamic
+  - K a multiple of 32; rows of packed and out on 16 bytes; rows, K and L dynamic (K / 8192
+    and L below 65536: grid dimensions)
 """
 
 from __future__ import annotations
@@ -71,60 +73,57 @@ class DequantizeNvfp4Sm90:
     @cute.jit
     def __call__(self, mQ: cute.Tensor, mS: cute.Tensor, mOut: cute.Tensor, mGlobal: cute.Tensor,
                  sa: Int32, sb: Int32, sc: Int32, sd: Int32, stream):
-        chunks = mQ.shape[1] * (mQ.shape[2] // 4)
         self.kernel(mQ, mS, mOut, mGlobal, (sa, sb, sc, sd)).launch(
-            grid=[cute.ceil_div(chunks, THREADS), 1, mQ.shape[0]], block=[THREADS, 1, 1],
-            stream=stream)
+            grid=[mQ.shape[1], cute.ceil_div(mQ.shape[2], THREADS), mQ.shape[0]],
+            block=[THREADS, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, mQ: cute.Tensor, mS: cute.Tensor, mOut: cute.Tensor, mGlobal: cute.Tensor,
                coefficients):
         tidx, _, _ = cute.arch.thread_idx()
-        bidx, _, l = cute.arch.block_idx()
-        per_row = mQ.shape[2] // 4  # 32-value chunks per row
-        item = bidx * THREADS + tidx
-        if item < mQ.shape[1] * per_row:
-            row, chunk = item // per_row, item % per_row
-            words = cute.make_rmem_tensor((4,), Int32)
-            atom = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), Int32, num_bits_per_copy=128)
-            cute.copy(atom, cute.local_tile(mQ[l, row, None], (4,), (chunk,)), words)
-            out = cute.make_rmem_tensor((32,), mOut.element_type)
-            scale_word = mS[l, scale_index(row, chunk, coefficients)].to(Int32)
+        row, column, l = cute.arch.block_idx()
+        word = column * THREADS + tidx  # codes [8 word, + 8) of the row
+        if word < mQ.shape[2]:
+            codes = mQ[l, row, word]
+            pair = mS[l, scale_index(row, word // 4, coefficients)].to(Int32)
+            shift = (word % 4) // 2 * 8  # the scale of this word's 16-code block
+            out = cute.make_rmem_tensor((8,), mOut.element_type)
             if cutlass.const_expr(self.config == "float32"):
-                self.scaled(words, scale_word, mGlobal[0], out)
+                self.scaled(codes, pair, shift, mGlobal[0], out)
             else:
                 if mGlobal[0] == Float32(1.0):
-                    self.exact(words, scale_word, out)
+                    self.exact(codes, pair, shift, out)
                 else:
-                    self.scaled(words, scale_word, mGlobal[0], out)
+                    self.scaled(codes, pair, shift, mGlobal[0], out)
             store = cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), mOut.element_type,
                                         num_bits_per_copy=128)
-            cute.copy(store, out, cute.local_tile(mOut[l, row, None], (32,), (chunk,)))
+            per_store = cutlass.const_expr(4 if self.config == "float32" else 8)  # values per 16 B
+            for h in cutlass.range_constexpr(8 // per_store):
+                cute.copy(store, cute.local_tile(out, (per_store,), (h,)),
+                          cute.local_tile(mOut[l, row, None], (per_store,), (word * (8 // per_store) + h,)))
 
     @cute.jit
-    def exact(self, words, scale_word, out):
-        """32 values of a global scale 1 in bf16 / fp16: decoded in the output dtype."""
+    def exact(self, codes, pair, shift, out):
+        """8 values of a global scale 1 in bf16 / fp16: decoded in the output dtype."""
         half = cutlass.const_expr(self.config == "float16")
-        scales = scale_pairs(scale_word, Int32(0), half)
-        pairs = cute.recast_tensor(out, Int32)
-        for q in cutlass.range_constexpr(4):
-            decoded = list(decode_word(words[q], scales[q // 2], half))
-            for p in cutlass.range_constexpr(4):
-                decoded[p] = unscale_pair(decoded[p], half)
-            for p in cutlass.range_constexpr(2):
-                pairs[4 * q + p] = _pair(decoded[2 * p], decoded[2 * p + 1], False)
-                pairs[4 * q + p + 2] = _pair(decoded[2 * p], decoded[2 * p + 1], True)
+        scale = scale_pairs(pair, shift, half)[0]
+        decoded = list(decode_word(codes, scale, half))
+        for p in cutlass.range_constexpr(4):
+            decoded[p] = unscale_pair(decoded[p], half)
+        words = cute.recast_tensor(out, Int32)
+        for p in cutlass.range_constexpr(2):
+            words[p] = _pair(decoded[2 * p], decoded[2 * p + 1], False)
+            words[p + 2] = _pair(decoded[2 * p], decoded[2 * p + 1], True)
 
     @cute.jit
-    def scaled(self, words, scale_word, global_scale, out):
-        """32 values times ``2^8 * global_scale`` in fp32, one rounding to the output dtype."""
-        scales = scale_pairs(scale_word, Int32(0), False)
+    def scaled(self, codes, pair, shift, global_scale, out):
+        """8 values times ``2^8 * global_scale`` in fp32, one rounding to the output dtype."""
+        scale = scale_pairs(pair, shift, False)[0]
         factor = global_scale * Float32(256.0)
-        values = cute.make_rmem_tensor((32,), Float32)
-        for q in cutlass.range_constexpr(4):
-            decoded = decode_word(words[q], scales[q // 2], False)
-            for p in cutlass.range_constexpr(4):
-                lo, hi = bf16_pair_to_f32(decoded[p])
-                values[8 * q + p] = lo * factor
-                values[8 * q + p + 4] = hi * factor
+        values = cute.make_rmem_tensor((8,), Float32)
+        decoded = decode_word(codes, scale, False)
+        for p in cutlass.range_constexpr(4):
+            lo, hi = bf16_pair_to_f32(decoded[p])
+            values[p] = lo * factor
+            values[p + 4] = hi * factor
         out.store(values.load().to(out.element_type))
