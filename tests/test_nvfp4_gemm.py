@@ -319,9 +319,11 @@ def test_skinny_plan_heuristic():
     cfg, splits = plan(1, 8192)
     assert (cfg.warps, cfg.slabs, splits) == (4, 1, 7) and cfg.split
     assert plan(1, 4096, 1024)[1] == 2 and plan(1, 4096, 256)[1] == 1
-    # more rows: 8 warps; K cut until every SM has two CTAs, or two slabs and no cut
+    # more rows: 8 warps; K cut into ranges while the CTAs stay within one per SM, or two slabs
+    # and no cut
     cfg, splits = plan(16, 8192)
-    assert (cfg.warps, cfg.slabs, splits) == (8, 1, 5) and cfg.split
+    assert (cfg.warps, cfg.slabs, splits) == (8, 1, 2) and cfg.split
+    assert plan(64, 8192)[1] == 2 and plan(64, 1024)[1] == 16 and plan(16, 16384)[1] == 1
     cfg, splits = plan(16, 28672)
     assert (cfg.warps, cfg.slabs, splits) == (8, 2, 1) and not cfg.split
     for m in range(1, 65):

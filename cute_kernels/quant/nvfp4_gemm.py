@@ -47,8 +47,11 @@ def skinny_plan(m: int, n: int, k: int, batch: int, x_format: str, out_dtype: st
       - one row of x: CTAs of 4 warps (64 weight rows, a 4-stage ring), K cut until there are
         about six CTAs per SM -- small CTAs hide the latency best when x costs nothing;
       - more rows: 8 warps (x shared by 128 or 256 weight rows), two 16-row slabs per warp where
-        that still leaves 3/4 of the SMs a CTA (then K is not cut), else one slab and K cut until
-        every SM has two CTAs; the deepest ring (up to 8 stages) that fits two CTAs per SM;
+        that still leaves 3/4 of the SMs a CTA (then K is not cut), else one slab and K cut into
+        as many ranges as keep the CTAs within one per SM: these CTAs are bound by their own
+        instructions, so an SM given two of them finishes last (H100, 64 x 8192 x 8192: 71 us
+        with 128 CTAs, 92 with 192 or 320; M = 16: 32.6 vs 37); the deepest ring (up to 8
+        stages) that fits two CTAs per SM;
       - never fewer than 4 steps of 128 values per range of K."""
     tiles = 1 << max(0, (-(-m // 8) - 1).bit_length())
     steps = -(-k // 128)
@@ -63,7 +66,7 @@ def skinny_plan(m: int, n: int, k: int, batch: int, x_format: str, out_dtype: st
         words = (4 * 32 * 2 + 32 * 2) * slabs * warps + x_words
         stages = max(s for s in (2, 4, 8) if s == 2 or 4 * s * words <= SKINNY_SMEM)
         blocks = -(-n // (16 * slabs * warps)) * batch
-        splits = 1 if slabs == 2 else max(1, min(-(-2 * sms // blocks), steps // 4))
+        splits = 1 if slabs == 2 else max(1, min(sms // blocks, steps // 4))
     return SkinnyConfig(tiles, slabs, warps, stages, splits > 1, x_format, out_dtype), splits
 
 
@@ -698,7 +701,7 @@ def compile_configurations(quick: bool = False):
     for m in (1, 16, 32, 64):
         for x_format, out_dtypes in outs.items():
             for out in out_dtypes:
-                for n, k in ((1024, 8192), (65536, 8192)):  # split and not
+                for n, k in ((1024, 8192), (16384, 8192), (65536, 8192)):  # split, not, two slabs
                     cfg = skinny_plan(m, n, k, 1, x_format, out, 132)[0]
                     if cfg not in seen:
                         seen.add(cfg)
