@@ -334,8 +334,9 @@ def test_skinny_plan_heuristic():
 
 
 def test_weight_views_follow_the_weight_and_release_it():
-    """The launch plans' int32 / int16 views of a weight are made once per weight, read the
-    same bytes as ``view`` would (strided rows included), and go when the weight does."""
+    """The launch plans' views of a weight (its codes with a batch dim, its scales as int16
+    pairs) are made once per weight, read the same bytes as the weight (strided rows
+    included), and go when the weight does."""
     import gc
 
     from cute_kernels.quant import nvfp4_gemm as G
@@ -343,12 +344,12 @@ def test_weight_views_follow_the_weight_and_release_it():
     G._views.clear()
     packed = torch.randint(0, 256, (64, 256), dtype=torch.uint8)[:, 64:192]  # strided rows
     scales = torch.randint(0, 256, (64, 16), dtype=torch.uint8).view(torch.float8_e4m3fn)
-    words, pairs = G._weight_views(packed, scales)
-    assert torch.equal(words[0], packed.view(torch.int32))
+    codes, pairs = G._weight_views(packed, scales)
+    assert codes.shape == (1, 64, 128) and torch.equal(codes[0], packed)
     assert torch.equal(pairs[0], scales.view(torch.uint8).view(torch.int16).reshape(-1))
-    assert G._weight_views(packed, scales)[0] is words
-    packed.view(torch.int32)[3, 5] = -7  # the views share the weight's storage
-    assert words[0, 3, 5] == -7
-    del packed, words, pairs
+    assert G._weight_views(packed, scales)[0] is codes
+    packed[3, 5] = 7  # the views share the weight's storage
+    assert codes[0, 3, 5] == 7
+    del packed, codes, pairs
     gc.collect()
     assert not G._views

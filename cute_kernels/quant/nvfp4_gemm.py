@@ -75,11 +75,13 @@ _COEFFICIENTS = tuple(ScalarSpec("int32") for _ in range(4))
 
 
 def _skinny_specs(cfg: SkinnyConfig) -> tuple:
-    words = TensorSpec.rowmajor("int32", (Sym(), Sym(), Sym()), 4, align=16)
+    codes = TensorSpec.rowmajor("uint8", (Sym(), Sym(), Sym()), 16, align=16)
+    x = codes if cfg.x_format == "nvfp4" else TensorSpec.rowmajor(cfg.x_format, (Sym(), Sym(), Sym()),
+                                                                   8, align=16)
     scales = TensorSpec.rowmajor("int16", (Sym(), Sym()), 2, align=4)
     width = torch.finfo(getattr(torch, cfg.out_dtype)).bits // 8
     out = TensorSpec(cfg.out_dtype, (Sym(), Sym(), Sym()), (Sym(), Sym(), Sym()), width)
-    return (words, scales, words, scales if cfg.x_format == "nvfp4" else None, out,
+    return (codes, scales, x, scales if cfg.x_format == "nvfp4" else None, out,
             TensorSpec(cfg.out_dtype, (Sym(),), (1,), width), TensorSpec("float32", (1,), (1,), 4),
             TensorSpec.rowmajor("float32", (Sym(), Sym(), Sym()), 1, align=4),
             TensorSpec.rowmajor("int32", (Sym(), Sym()), 1, align=4), ScalarSpec("int32"),
@@ -181,9 +183,11 @@ def _alpha(value, device) -> torch.Tensor:
     return t
 
 
-def _words(t: torch.Tensor) -> torch.Tensor:
-    """(L, rows, bytes) of any 8- or 16-bit dtype -> the same bytes as int32 words, with the
-    rows on 16 bytes (a copy where they are not)."""
+def _rows16(t: torch.Tensor) -> torch.Tensor:
+    """(L, rows, n) of an 8- or 16-bit dtype with its rows on 16 bytes (a copy where they are
+    not); packed codes as uint8."""
+    if t.dtype == torch.float4_e2m1fn_x2:
+        t = t.view(torch.uint8)
     width = t.element_size()
     if t.is_contiguous():
         t = t.reshape(-1).view(t.shape)  # canonical strides, size-1 dims included
@@ -192,7 +196,12 @@ def _words(t: torch.Tensor) -> torch.Tensor:
         t = t.contiguous()
         if t.data_ptr() % 16:
             t = t.clone()
-    return t.view(torch.int32)
+    return t
+
+
+def _words(t: torch.Tensor) -> torch.Tensor:
+    """``_rows16(t)`` as int32 words (the dequantize kernel's view)."""
+    return _rows16(t).view(torch.int32)
 
 
 def _scale_words(scales: torch.Tensor, layout: str, k: int) -> tuple:
@@ -258,7 +267,7 @@ def _skinny_launch(w, w_scales, x, x_scales, out, bias, alpha, scale_layout):
         x_scales, scale_layout, k)
     bias = _zeros(n, out.dtype, out.device) if bias is None else bias.to(out.dtype)
     work, counts = _workspace(batch, m, n, -(-n // (16 * cfg.warps * cfg.slabs)), out.device)
-    _skinny_kernel(cfg)(_words(w), w_pairs, _words(x), x_pairs, out, bias, alpha, work, counts,
+    _skinny_kernel(cfg)(_rows16(w), w_pairs, _rows16(x), x_pairs, out, bias, alpha, work, counts,
                         splits, *w_coefficients, *x_coefficients)
 
 
@@ -326,8 +335,8 @@ def _w4a16_plan(parts, lead, m, n, k):
 
     def run(x, w, s, g, bias):
         out = torch.empty((1, m, n), dtype=x.dtype, device=x.device)
-        w_words, s_pairs = _weight_views(w, s)
-        fn(w_words, s_pairs, x.view(torch.int32).view(1, m, k // 2), None, out,
+        w_codes, s_pairs = _weight_views(w, s)
+        fn(w_codes, s_pairs, x.view(1, m, k), None, out,
            zeros if bias is None else bias.to(x.dtype),
            constant if constant is not None else _alpha(g, x.device), work, counts, splits,
            *coefficients)
@@ -335,8 +344,8 @@ def _w4a16_plan(parts, lead, m, n, k):
     return run
 
 
-# The kernel's views of recently used weights (packed codes as int32 words with a batch dim,
-# scales as int16 pairs), by the identities of the two tensors. A view made with ``view``
+# The kernel's views of recently used weights (packed codes as uint8 with a batch dim, scales as
+# int16 pairs), by the identities of the two tensors. A view made with ``view``
 # would keep the weight's tensor alive; these are made on its storage instead, so a weakref
 # callback can drop the entry when the weight is freed (and its id can be reused).
 _views: dict = {}
@@ -349,9 +358,8 @@ def _weight_views(w: torch.Tensor, s: torch.Tensor) -> tuple:
     if (entry is not None and entry[0]() is w and entry[1]() is s
             and entry[2] == (w.data_ptr(), s.data_ptr())):
         return entry[3]
-    rows, row_bytes = w.stride(0) * w.element_size(), w.shape[1] * w.element_size()
-    views = (_storage_view(w, torch.int32, (1, w.shape[0], row_bytes // 4),
-                           (w.shape[0] * rows // 4, rows // 4, 1)),
+    rows = w.stride(0)
+    views = (_storage_view(w, torch.uint8, (1, w.shape[0], w.shape[1]), (w.shape[0] * rows, rows, 1)),
              _storage_view(s, torch.int16, (1, s.numel() // 2), (s.numel() // 2, 1)))
     if len(_views) >= _VIEW_LIMIT:
         _views.pop(next(iter(_views)))
@@ -380,7 +388,7 @@ def _nvfp4_plan(parts, batched, transpose, shape, out_dtype, k):
         out3 = out if batched else out.unsqueeze(0)
         x, w, sx, sw = (a, b, sfa, sfb) if not transpose else (b, a, sfb, sfa)
         batch = out3.shape[0]
-        fn(_words_3d(w), sw.view(torch.int16).view(batch, -1), _words_3d(x),
+        fn(_codes_3d(w), sw.view(torch.int16).view(batch, -1), _codes_3d(x),
            sx.view(torch.int16).view(batch, -1),
            out3.transpose(1, 2) if transpose else out3, zeros,
            constant if constant is not None else _alpha(alpha, a.device), work, counts, splits,
@@ -389,10 +397,12 @@ def _nvfp4_plan(parts, batched, transpose, shape, out_dtype, k):
     return run
 
 
-def _words_3d(t):
-    """Packed codes (rows, K / 2) or (L, rows, K / 2) as int32 words with a batch dim (views)."""
-    words = t.view(torch.uint8).view(torch.int32)
-    return words if words.dim() == 3 else words.unsqueeze(0)
+def _codes_3d(t):
+    """Packed codes (rows, K / 2) or (L, rows, K / 2) as uint8 with a batch dim (views only where
+    needed)."""
+    if t.dtype != torch.uint8:
+        t = t.view(torch.uint8)
+    return t if t.dim() == 3 else t.unsqueeze(0)
 
 
 def _aligned(*tensors) -> bool:

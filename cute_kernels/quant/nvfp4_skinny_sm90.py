@@ -39,11 +39,12 @@ Design:
     block's counter; the last CTA of the block reads the sums, writes the output, and leaves
     workspace and counter at zero for the next launch.
 
-Tensors: w int32 (L, N, K / 8) (the packed bytes viewed as int32), its scales int16 (L, span)
-(pairs of e4m3 bytes, either layout, addressed by four coefficients: ``scale_index``); x int32
-(L, M, K / 2) (bf16 / fp16 pairs) or (L, M, K / 8) (NVFP4, with scales as w's); out (L, M, N)
-of any strides; bias (N,) of out's dtype (zeros for none); alpha fp32 (1,); workspace fp32
-(L, M, N) and counters int32 (L, row blocks), zero before the launch and after it.
+Tensors: w uint8 (L, N, K / 2) (the packed codes), its scales int16 (L, span) (pairs of e4m3
+bytes, either layout, addressed by four coefficients: ``scale_index``); x bf16 / fp16 (L, M, K)
+or uint8 (L, M, K / 2) (NVFP4, with scales as w's); out (L, M, N) of any strides; bias (N,) of
+out's dtype (zeros for none); alpha fp32 (1,); workspace fp32 (L, M, N) and counters int32
+(L, row blocks), zero before the launch and after it. w and x arrive in the caller's own
+dtypes (no views to make per call): the kernel only computes byte addresses from them.
 
 Constraints:
   - M <= 8 * token_tiles (the launch's rows of x), K a multiple of 32, every row of w and x on
@@ -271,7 +272,7 @@ class SkinnyGemmNvfp4Sm90:
         tidx, _, _ = cute.arch.thread_idx()
         block, split, l = cute.arch.block_idx()
         warp, lane = tidx // 32, tidx % 32
-        k_chunks = mW.shape[2] // 4  # 32-value chunks along K
+        k_chunks = mW.shape[2] // 16  # 32-value chunks along K (16 bytes of codes)
         steps = (k_chunks + 3) // 4
         per_split = (steps + splits - 1) // splits
         first = split * per_split
@@ -325,7 +326,7 @@ class SkinnyGemmNvfp4Sm90:
         for j in cutlass.range_constexpr(cfg.slabs):
             for h in cutlass.range_constexpr(2):
                 r = cutlass.min(row0 + 16 * (warp * cfg.slabs + j) + 8 * h + g, rows - 1)
-                w_src.append(_global(mW, (l, r, 4 * t)))
+                w_src.append(_global(mW, (l, r, 16 * t)))
                 w_dst.append(_shared(sW, (0, lane, h, j, warp, 0)))
                 pair = scale_index(r, t, w_coefficients)
                 ws_src.append(_global(mSW, (l, pair - pair % 2)))
@@ -340,7 +341,7 @@ class SkinnyGemmNvfp4Sm90:
                 token, tt = piece // 4, piece % 4
                 ok = piece < pieces and token < m
                 src_token = cutlass.select_(ok, token, 0)
-                x_src.append(_global(mX, (l, src_token, 4 * tt)))
+                x_src.append(_global(mX, (l, src_token, 16 * tt)))
                 x_dst.append(_shared(sX, (0, (token % 8) * 4 + tt, 0, token // 8, 0)))
                 x_in.append(piece < pieces)
                 x_ok.append(ok)
@@ -356,7 +357,7 @@ class SkinnyGemmNvfp4Sm90:
                 piece = base + tidx
                 token, group = piece // 16, piece % 16
                 ok = piece < pieces and token < m
-                x_src.append(_global(mX, (l, cutlass.select_(ok, token, 0), group * 4)))
+                x_src.append(_global(mX, (l, cutlass.select_(ok, token, 0), group * 8)))
                 x_dst.append(_shared(sX, (0, (token % 8) * 4 + group // 4, group % 4, token // 8, 0)))
                 x_in.append(piece < pieces)
                 x_ok.append(ok)
