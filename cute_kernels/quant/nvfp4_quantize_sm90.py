@@ -8,7 +8,8 @@ and store is coalesced; nothing is shared between threads.
 
 The arithmetic is the reference's (``formats.nvfp4_quantize_ref``), operation for operation, so
 the output is bit-identical:
-  - ``s = amax / 6 / global_scale`` (two IEEE divisions); NaN in the block or in ``s`` gives 0,
+  - ``s = amax / 6 / global_scale`` (two IEEE divisions); NaN in the block or in ``s`` gives 0
+    (a NaN-propagating max makes the amax of a block holding a NaN NaN, and so ``s``),
     then ``s`` is clamped to [0, 448] and rounded to e4m3 by ``cvt.rn.satfinite.e4m3x2.f32``
     and read back exactly (``cvt.rn.f16x2.e4m3x2``: every e4m3 value is an fp16 value);
   - ``inverse = 1 / (float(scale) * global_scale)``, 0 unless that product is positive;
@@ -52,6 +53,14 @@ def e4m3_scale(value: Float32):
         " cvt.u32.u16 {$w0}, pair; }",
         write_only_types=[Int32, Float32], read_only_args=[Float32(value)])
     return byte, decoded
+
+
+@cute.jit
+def max_abs_nan(running: Float32, value: Float32) -> Float32:
+    """``max(running, |value|)``, NaN if either is NaN (``max.NaN``: one instruction where a
+    NaN-ignoring max needs a separate NaN test)."""
+    return cute.arch.inline_ptx("{ .reg .f32 a; abs.f32 a, {$r1}; max.NaN.f32 {$w0}, {$r0}, a; }",
+                                write_only_types=[Float32], read_only_args=[running, value])
 
 
 @cute.jit
@@ -118,15 +127,11 @@ class QuantizeNvfp4Sm90:
             x = rX.load().to(Float32)
             values = cute.make_rmem_tensor_like(rX, Float32)
             values.store(x)
-            amax = Float32(0.0)
-            nan = Float32(0.0)  # stays 0 unless a value is NaN
+            amax = Float32(0.0)  # NaN if a value is NaN (max.NaN), so s is NaN and becomes 0
             for i in cutlass.range_constexpr(BLOCK):
-                v = values[i]
-                amax = cute.arch.fmax(amax, cutlass.select_(v < Float32(0.0), -v, v))
-                nan = nan + cutlass.select_(v != v, Float32(1.0), Float32(0.0))
+                amax = max_abs_nan(amax, values[i])
             global_scale = mGlobal[0]
             s = amax / Float32(6.0) / global_scale
-            s = cutlass.select_(nan > Float32(0.0), Float32(0.0), s)
             s = cutlass.select_(s != s, Float32(0.0), s)
             s = cute.arch.fmin(cute.arch.fmax(s, Float32(0.0)), Float32(448.0))
             byte, decoded = e4m3_scale(s)
