@@ -68,7 +68,8 @@ def e2m1_pair(q0: Float32, q1: Float32) -> Int32:
     """One byte of two e2m1 codes (``q0`` in the low nibble): nearest, ties to even,
     saturating at 6, NaN -> 0, sign bit ``q < 0``.
 
-    Each magnitude is clamped to [0, 6] (NaN -> 0) and scaled by 2^-14, then rounded to e2m1's
+    Each magnitude is scaled by 2^-14 with saturation (which sends NaN to 0; the scaling is
+    exact, so it commutes with the clamp) and clamped to 6 * 2^-14, then rounded to e2m1's
     step -- 2^-15 below 2^-13, 2^-14 below 2^-12, 2^-13 above, i.e. one mantissa bit with
     e2m1's subnormal -- by adding and subtracting ``c = 2^22 * max(2^exponent, 2^-14)``
     (fp32 round-to-nearest-even does the rounding). The result is an fp16 value whose bits
@@ -76,10 +77,8 @@ def e2m1_pair(q0: Float32, q1: Float32) -> Int32:
     mantissa bit, so ``(fp16 bits >> 9) & 7`` is e2m1's exponent and mantissa."""
     return cute.arch.inline_ptx(
         "{ .reg .f32 m0, m1, c0, c1; .reg .b32 e0, e1, w, lo, hi, s0, s1; .reg .pred p0, p1;"
-        " abs.f32 m0, {$r0}; max.f32 m0, m0, 0f00000000; min.f32 m0, m0, 0f40C00000;"
-        " mul.rn.f32 m0, m0, 0f38800000;"
-        " abs.f32 m1, {$r1}; max.f32 m1, m1, 0f00000000; min.f32 m1, m1, 0f40C00000;"
-        " mul.rn.f32 m1, m1, 0f38800000;"
+        " abs.f32 m0, {$r0}; mul.rn.sat.f32 m0, m0, 0f38800000; min.f32 m0, m0, 0f39C00000;"
+        " abs.f32 m1, {$r1}; mul.rn.sat.f32 m1, m1, 0f38800000; min.f32 m1, m1, 0f39C00000;"
         " mov.b32 e0, m0; and.b32 e0, e0, 0x7F800000; max.u32 e0, e0, 0x38800000;"
         " add.u32 e0, e0, 0x0B000000; mov.b32 c0, e0;"
         " mov.b32 e1, m1; and.b32 e1, e1, 0x7F800000; max.u32 e1, e1, 0x38800000;"
