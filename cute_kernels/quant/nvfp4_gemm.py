@@ -42,7 +42,7 @@ SKINNY_SMEM = 110 * 1024  # two CTAs of 8 warps per SM
 def skinny_plan(m: int, n: int, k: int, batch: int, x_format: str, out_dtype: str,
                 sms: int) -> tuple:
     """(configuration, splits) of the skinny kernel for ``m`` rows of x against ``n`` weight
-    rows (measured on an H200, ``benchmarks/NOTES.md``):
+    rows (measured on an H200 and an H100, ``benchmarks/NOTES.md``):
       - 8-token MMA tiles for the rows of x (1, 2, 4 or 8 tiles);
       - one row of x: CTAs of 4 warps (64 weight rows, a 4-stage ring), K cut until there are
         about six CTAs per SM -- small CTAs hide the latency best when x costs nothing;
