@@ -26,7 +26,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from .nvfp4_skinny_sm90 import decode_word, scale_index, scale_pairs
+from .nvfp4_skinny_sm90 import decode_word, interleave, scale_index, scale_pairs
 
 THREADS = 128
 OUT_DTYPES = ("bfloat16", "float16", "float32")
@@ -49,15 +49,6 @@ def unscale_pair(pair: Int32, half: cutlass.Constexpr) -> Int32:
                                     write_only_types=[Int32], read_only_args=[pair])
     return cute.arch.inline_ptx("{ .reg .b32 k; mov.b32 k, 0x43804380; mul.rn.bf16x2 {$w0}, {$r0}, k; }",
                                 write_only_types=[Int32], read_only_args=[pair])
-
-
-@cute.jit
-def _pair(a: Int32, b: Int32, upper: cutlass.Constexpr) -> Int32:
-    """(a's low half, b's low half), or the upper halves: pairs (c_i, c_(i+4)), (c_(i+1),
-    c_(i+5)) -> (c_i, c_(i+1)) or (c_(i+4), c_(i+5))."""
-    selector = 0x7632 if cutlass.const_expr(upper) else 0x5410
-    return cute.arch.inline_ptx(f"prmt.b32 {{$w0}}, {{$r0}}, {{$r1}}, {selector};",
-                                write_only_types=[Int32], read_only_args=[a, b])
 
 
 class DequantizeNvfp4Sm90:
@@ -112,8 +103,9 @@ class DequantizeNvfp4Sm90:
             decoded[p] = unscale_pair(decoded[p], half)
         words = cute.recast_tensor(out, Int32)
         for p in cutlass.range_constexpr(2):
-            words[p] = _pair(decoded[2 * p], decoded[2 * p + 1], False)
-            words[p + 2] = _pair(decoded[2 * p], decoded[2 * p + 1], True)
+            # pairs (c_i, c_(i+4)), (c_(i+1), c_(i+5)) -> (c_i, c_(i+1)), (c_(i+4), c_(i+5))
+            words[p] = interleave(decoded[2 * p], decoded[2 * p + 1], False)
+            words[p + 2] = interleave(decoded[2 * p], decoded[2 * p + 1], True)
 
     @cute.jit
     def scaled(self, codes, pair, shift, global_scale, out):
