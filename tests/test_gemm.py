@@ -42,14 +42,40 @@ def test_skinny_products_take_transposed_configurations():
         a, w = torch.empty(m, k, dtype=dtype), torch.empty(n, k, dtype=dtype)
         return heuristic_config(a, w.t(), extras.get("c"), extras.get("bias"), None, None, Epilogue(), False, 132)
 
-    for m, n, k, tile_n in ((1, 4096, 4096, 16), (16, 14336, 4096, 16), (17, 4096, 14336, 32),
-                            (40, 2500, 4096, 48), (64, 4096, 14336, 64)):
+    # Stage lengths (k-blocks): 16 for 16-column tiles on at most half the SMs at long K, 8 for
+    # up to 48 columns, else 4 (``narrow_tile_k_blocks``).
+    for m, n, k, tile_n, k_blocks in ((1, 4096, 4096, 16, 16), (16, 14336, 4096, 16, 8),
+                                      (16, 6144, 14336, 16, 8), (16, 4096, 2048, 16, 8),
+                                      (16, 4096, 512, 16, 4), (17, 4096, 14336, 32, 8),
+                                      (40, 2500, 4096, 48, 8), (64, 4096, 14336, 64, 4)):
         cfg = config(m, n, k)
-        assert cfg.swap_ab and (cfg.tile_m, cfg.tile_n, cfg.stream_k) == (64, tile_n, False), (m, n, k, cfg)
+        assert cfg.swap_ab and (cfg.tile_m, cfg.tile_n, cfg.stream_k, cfg.k_blocks) == (
+            64, tile_n, False, k_blocks), (m, n, k, cfg)
     for m, n, k in ((16, 1000, 4096), (64, 8192, 4096), (65, 4096, 14336), (128, 4096, 4096)):
         assert not config(m, n, k).swap_ab, (m, n, k)
     assert not config(16, 4096, 4096, bias=torch.empty(4096)).swap_ab  # a bias runs along N
     assert not config(16, 4096, 4096, dtype=torch.float8_e4m3fn).swap_ab
+
+
+def test_narrow_tile_choices_are_compiled():
+    # Every 64 x 16..64 configuration the heuristic returns (transposed skinny products and a
+    # few output columns) is among those the compile tests build and precompile ships.
+    from cute_kernels.gemm.op import compile_configurations, heuristic_config
+
+    def key(c):
+        return c.tile_m, c.tile_n, c.k_blocks, c.swap_ab, c.stream_k, c.cluster_m
+
+    built = {key(c) for _, c, _ in compile_configurations() if c is not None}
+    for m in (1, 5, 16, 17, 40, 64):
+        for n in (2048, 4096, 8192, 14336, 128256):
+            for k in (64, 512, 1024, 4096, 14336):
+                a, w = torch.empty(m, k, dtype=torch.bfloat16), torch.empty(n, k, dtype=torch.bfloat16)
+                for b in (w.t(), w.t().contiguous()):
+                    cfg = heuristic_config(a, b, None, None, None, None, Epilogue(), False, 132)
+                    if cfg.tile_n <= 64:
+                        assert key(cfg) in built, (m, n, k, cfg)
+                    cfg = choose_config(n, m, k, 1, 2, 132)  # untransposed: N = m output columns
+                    assert key(cfg) in built, (n, m, k, cfg)
 
 
 def test_heuristic_covers_shapes():
@@ -660,7 +686,8 @@ def test_unaligned_k_plan_pads_each_call_and_stays_correct():
 @pytest.mark.parametrize("lmnk", [(None, 1, 4096, 8192), (None, 16, 2048, 14336), (None, 3, 17000, 512),
                                   (None, 40, 2500, 4096), (None, 64, 4096, 1000), (None, 17, 3000, 520),
                                   (None, 16, 1000, 14336), (None, 64, 8192, 512), (1, 16, 2048, 8192),
-                                  (3, 16, 2048, 1024), (2, 1, 2600, 9000), (2, 33, 2048, 256)])
+                                  (3, 16, 2048, 1024), (2, 1, 2600, 9000), (2, 33, 2048, 256),
+                                  (None, 5, 3968, 12296), (None, 1, 4100, 4104)])
 def test_skinny_products_run_transposed_and_match(lmnk):
     # M <= 64 against many weight rows: D^T = W x^T on 64 x 16..64 tiles, D written
     # column-major; weights as nn.Linear stores them and as a plain (K, N) matrix, poisoned out;

@@ -1,8 +1,9 @@
 """Time GEMM configurations side by side with cuBLAS (L2-cold inputs, interleaved rounds).
 
-    python benchmarks/experiments/experiment_gemm.py [--shapes MxNxK,...] [--configs TMxTNxWGxCM[xEPINxEPISTAGES[xSWIZZLE]][nCN][k][p|s][t][wN],...] [--fp8 [--promote N]] [--linear]
+    python benchmarks/experiments/experiment_gemm.py [--shapes MxNxK,...] [--configs TMxTNxWGxCM[xEPINxEPISTAGES[xSWIZZLE]][nCN][k][p|s][t][bKB][oC][wN],...] [--fp8 [--promote N]] [--linear]
 
-``nCN`` sets the cluster's CTAs along N (default 1); ``k`` the stream-K tail; a last ``wN`` (fp8)
+``nCN`` sets the cluster's CTAs along N (default 1); ``bKB`` the MMA k-blocks per pipeline stage
+(default 4); ``oC`` the CTAs per SM (1 or 2); ``k`` the stream-K tail; a last ``wN`` (fp8)
 folds every N k-tiles instead of ``--promote``. A trailing ``p`` selects the ping-pong
 schedule (TM = 64: rows per warpgroup tile); a trailing ``s`` (fp8) the column-split promotion
 (``GemmConfig.fp8_split_n``); a last ``t`` runs the transposed problem (D^T = B^T A^T, the
@@ -64,6 +65,8 @@ def main():
         fns = {}
         for text in args.configs.split(","):
             text, _, window = text.partition("w")  # fp8: k-tiles per fold, instead of --promote
+            text, _, occupancy = text.partition("o")  # CTAs per SM
+            text, _, k_blocks = text.partition("b")  # MMA k-blocks per pipeline stage
             promote = int(window) if window else args.promote
             swap = text.endswith("t")  # the transposed problem: D^T = B^T A^T
             pingpong, split = text.rstrip("t").endswith("p"), text.rstrip("t").endswith("s")
@@ -73,7 +76,9 @@ def main():
             cn = int(cn or 1)
             epi_n, epi_stages, swizzle = (list(epi_opts) + [32, 4, 8][len(epi_opts):])
             epi = Epilogue(scalar_scale_a=True, scalar_scale_b=True) if args.fp8 else Epilogue()
-            cfg = GemmConfig(tm, tn, cm, cn, swizzle, max_active_clusters(0, cm * cn), epilogue=epi, warpgroups=wg,
+            ctas = int(occupancy or 1)
+            cfg = GemmConfig(tm, tn, cm, cn, swizzle, max_active_clusters(0, cm * cn, ctas), epilogue=epi, warpgroups=wg,
+                             k_blocks=int(k_blocks or 4), ctas_per_sm=ctas,
                              fp8_promote_every=promote if args.fp8 else 0, fp8_split_n=split, epi_n=epi_n, epi_stages=epi_stages,
                              pingpong=pingpong, stream_k=stream_k)
 
@@ -92,7 +97,8 @@ def main():
             run(a0, b0)
             err = ((d[0].float() - ref).abs().max() / ref.abs().max()).item()
             print(f"{m}x{n}x{k} {tm}x{tn} wg{wg} c{cm}x{cn}: rel err vs cuBLAS {err:.2e}")
-            fns[text + (f"w{window}" if window else "")] = run  # the configuration as given (epilogue options included)
+            fns[text + (f"b{k_blocks}" if k_blocks else "") + (f"o{occupancy}" if occupancy else "")
+                + (f"w{window}" if window else "")] = run  # the configuration as given (epilogue options included)
         if args.fp8:
             scale = one[0]
             fns["cublas"] = lambda a, b: torch._scaled_mm(a[0], b[0], scale, scale, out_dtype=torch.bfloat16)

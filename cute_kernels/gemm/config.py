@@ -71,6 +71,10 @@ class GemmConfig:
     swap_ab: bool = False
     epi_n: int = 32  # output columns per epilogue sub-tile (one TMA store each)
     epi_stages: int = 4  # shared-memory buffers of epilogue sub-tiles (stores in flight)
+    k_blocks: int = 4  # MMA k-blocks per pipeline stage (64 values of K for 16-bit operands)
+    # CTAs resident per SM: 2 halves each CTA's shared memory (pipeline stages) and registers
+    # (MMA warpgroups setmaxnreg to 216 instead of 232), for grids of more CTAs than SMs.
+    ctas_per_sm: int = 1
 
     # The self-check's short name: "128x256 c2x1" (tile, cluster), then the other fields that
     # differ from their defaults.
@@ -152,6 +156,25 @@ NARROW_TILE_MIN_FILL = 0.7
 # stream-K: 225 vs 199 TFLOP/s at 64 x 14336 x 4096 (112 tiles), 220 vs 210 at
 # 64 x 10240 x 8192 (80); 155 vs 179 at 64 x 4096 x 14336 (32)).
 SINGLE_WAVE_MAX_FILL = 0.5
+
+
+def narrow_tile_k_blocks(tile_n: int, tiles: int, k: int, sm_count: int) -> int:
+    """MMA k-blocks per pipeline stage for the 64 x 16..64 tiles of skinny products. They are
+    memory-bound, and each stage costs the MMA warpgroup a fixed wait-issue-release round: with
+    at most one tile per SM, longer stages let each CTA stream faster (the same shared memory in
+    fewer, larger stages). Measured on H100 (`experiment_gemm.py --linear`, direct launches,
+    TFLOP/s for 4 / 8 / 16 k-blocks, cuBLAS): 1 x 14336 x 4096 2.59 / 2.66 / 2.65 (2.67),
+    16 x 14336 x 4096 40.4 / 41.5 / 41.7 (41.9), 16 x 4096 x 14336 (64 tiles) 37.5 / 39.3 /
+    41.6 (39.9), 16 x 6144 x 4096 (96 tiles) 33.7 / 35.1 / 32.6, 1 x 10240 x 8192 2.62 / 2.69 /
+    2.61; 16-column tiles take 16 where at most half the SMs have a tile, else 8. 32 / 48
+    columns: 8 (32 x 4096 x 14336 78.7 / 83.2 / 79.3, 48 x 4096 x 14336 121 / 123 / 98);
+    64 columns: 4 (158 / 157 at 64 x 4096 x 14336). Short K keeps 4 (a stage past K's end
+    would be MMAs on zeros)."""
+    if tile_n == 16 and 2 * tiles <= sm_count and k >= 4096:
+        return 16
+    if tile_n <= 48 and k >= 1024:
+        return 8
+    return GemmConfig.k_blocks
 
 
 def stream_k_tail_waves(fill: float, k: int) -> float:
@@ -243,10 +266,12 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
                         + stream_k_tail_waves(cluster_tiles % clusters / clusters, k))
         return waves * shape[0] * shape[1] / SMALL_M_TILE_EFFICIENCY[shape]
 
+    k_blocks = GemmConfig.k_blocks
     if n <= 64 and m > 128 and itemsize == 2:
         # A few output columns (skinny products run transposed, gemm/op.py): 64-row tiles as
         # wide as N (16 to 64) stream A data-parallel, one slab per CTA; B is a sliver.
         tile_m, tile_n = 64, -(-n // 16) * 16
+        k_blocks = narrow_tile_k_blocks(tile_n, tiles(tile_m, tile_n), k, sm_count)
     elif m <= 128:
         # One MMA warpgroup per 64 rows: nothing wasted for M <= 64, and for M <= 128 twice the
         # CTAs of a 128-row tile, in pairs sharing B (measured 341 vs 322 TFLOP/s for 128 x 128
@@ -308,7 +333,7 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
     # fp8 exact: the next tile's first k-tile under each epilogue, where every CTA has at least
     # two tiles (measured +0.6-0.7% at 4096^3, +0.4-1.7% at 8192^3; -4% with one tile per CTA).
     epilogue_mma = exact_fp8 and not stream_k and cluster_tiles >= 2 * clusters
-    return GemmConfig(tile_m, tile_n, cluster_m, 1, swizzle=8, max_clusters=clusters,
+    return GemmConfig(tile_m, tile_n, cluster_m, 1, swizzle=8, max_clusters=clusters, k_blocks=k_blocks,
                       epilogue=epilogue, fp8_promote_every=promote, fp8_split_n=split,
                       pingpong=pingpong, stream_k=stream_k, epilogue_mma=epilogue_mma,
                       epi_stages=PINGPONG_EPI_STAGES if pingpong else GemmConfig.epi_stages)

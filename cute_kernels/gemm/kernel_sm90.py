@@ -74,8 +74,12 @@ from .config import GemmConfig
 from .scheduler import cluster_tile_counts, sk_run, tail_piece, tile_coords, whole_tiles
 
 SMEM_CAPACITY = 232448
+SMEM_PER_SM = 233472  # 228 KB, each resident CTA also reserving 1 KB
 PRODUCER_REGISTERS = 40
 MMA_REGISTERS = 232
+# Two CTAs per SM (``GemmConfig.ctas_per_sm``): 65536 registers / 2 CTAs / 128 threads per
+# warpgroup = 256 per producer + MMA warpgroup pair.
+MMA_REGISTERS_TWO_CTAS = 256 - PRODUCER_REGISTERS
 
 
 def _to_blas_order(t: cute.Tensor, order) -> cute.Tensor:
@@ -100,6 +104,8 @@ class GemmSm90:
         if config.epilogue_mma and (config.pingpong or config.stream_k or config.fp8_promote_every != 1):
             raise ValueError(f"epilogue_mma needs fp8 with a fold every k-tile (fp8_promote_every=1), "
                              f"the cooperative schedule and no stream-K tail: {config}")
+        if config.ctas_per_sm not in (1, 2) or config.ctas_per_sm == 2 and config.mma_warpgroups != 1:
+            raise ValueError(f"ctas_per_sm is 1, or 2 with one MMA warpgroup: {config}")
         epi = config.epilogue
         if (epi.row_scale and epi.scalar_scale_a) or (epi.col_scale and epi.scalar_scale_b):
             raise ValueError(f"a scale is per tensor or per row / column, not both: {epi}")
@@ -146,14 +152,15 @@ class GemmSm90:
             self.b_layout.sm90_mma_major_mode(), self.acc_dtype, (1, 1, 1), tiler_mn=(64, mma_n),
         )
         mma_k = cute.size(self.tiled_mma.shape_mnk, mode=[2])
-        self.tile_mnk = (cfg.tile_m, cfg.tile_n, mma_k * 4)
+        self.tile_mnk = (cfg.tile_m, cfg.tile_n, mma_k * cfg.k_blocks)
         self.cta_layout_mnk = cute.make_layout((*self.cluster_mn, 1))
         self.mcast_a, self.mcast_b = cfg.cluster_n, cfg.cluster_m
         self.epi_tile = (64, min(cfg.epi_n, cfg.tile_n))
         self.epi_buffers = cfg.epi_stages * self.num_mma_wg  # each MMA warpgroup has its own
         ab_bytes = (cfg.tile_m + cfg.tile_n) * self.tile_mnk[2] * self.a_dtype.width // 8
         epi_bytes = self.epi_tile[0] * self.epi_tile[1] * self.d_dtype.width // 8 * self.epi_buffers
-        self.ab_stages = (SMEM_CAPACITY - 1024 - epi_bytes) // ab_bytes
+        capacity = SMEM_CAPACITY if cfg.ctas_per_sm == 1 else SMEM_PER_SM // cfg.ctas_per_sm - 1024
+        self.ab_stages = (capacity - 1024 - epi_bytes) // ab_bytes
         self.a_smem_staged = self._smem_layout(self.a_layout, self.a_dtype, (cfg.tile_m, self.tile_mnk[2]))
         self.b_smem_staged = self._smem_layout(self.b_layout, self.b_dtype, (cfg.tile_n, self.tile_mnk[2]))
         d_major = self.epi_tile[1] if self.d_layout.is_n_major_c() else self.epi_tile[0]
@@ -247,7 +254,9 @@ class GemmSm90:
             self.cta_layout_mnk, self.a_smem_staged, self.b_smem_staged, self.epi_smem_staged,
             schedule,
         ).launch(grid=grid, block=[self.threads, 1, 1], cluster=(*self.cluster_mn, 1),
-                 min_blocks_per_mp=1, stream=stream, use_pdl=self.PDL)
+                 min_blocks_per_mp=cfg.ctas_per_sm,
+                 preferred_smem_carveout=100 if cfg.ctas_per_sm > 1 else None,
+                 stream=stream, use_pdl=self.PDL)
 
     # ------------------------------------------------------------------ device side
 
@@ -299,7 +308,8 @@ class GemmSm90:
                 self.load(tma_a, tma_b, sA, sB, gA, gB, mainloop, cta_layout_mnk, cluster_coord,
                           k_tiles, schedule)
         else:
-            cute.arch.setmaxregister_increase(MMA_REGISTERS)
+            cute.arch.setmaxregister_increase(
+                MMA_REGISTERS if const_expr(self.config.ctas_per_sm == 1) else MMA_REGISTERS_TWO_CTAS)
             self.mma_and_epilogue(tiled_mma, sA, sB, sD, gD, mD, tma_d, mC, mBias,
                                   (mScaleA, mScaleB, mZeroA, mSumB), mWork, mFlags, alpha, beta,
                                   token, mainloop, k_tiles, schedule, cluster_coord, rank,

@@ -21,7 +21,8 @@ from ..runtime import (
 from ..runtime.arch import sm_count, target_arch
 from ..runtime.dtypes import dtype_name
 from ..runtime.errors import check_tensor, describe
-from .config import ACTIVATIONS, PINGPONG_EPI_STAGES, Epilogue, GemmConfig, choose_config
+from .config import (ACTIVATIONS, PINGPONG_EPI_STAGES, Epilogue, GemmConfig, choose_config,
+                     narrow_tile_k_blocks)
 from .tuning import tuned_config
 
 INPUT_DTYPES = (torch.bfloat16, torch.float16)
@@ -669,10 +670,13 @@ def compile_configurations(quick: bool = False):
             (GemmConfig(64, 128, 1, max_clusters=132, stream_k=True),
              (bf16("row"), bf16("col"), out, None, None, None, None))) + tuple(
             # skinny products run transposed (64 x 16..64 tiles of D^T = B^T A^T), the weight as
-            # nn.Linear stores it (B column-major) or a plain (K, N) matrix
-            (GemmConfig(64, tn, 1, max_clusters=132, swap_ab=True), (bf16("row"), bf16(b_major), out, None, None,
-                                                                     None, None))
-            for tn in (16, 32, 48, 64) for b_major in ("col", "row")) + (
+            # nn.Linear stores it (B column-major) or a plain (K, N) matrix, with each stage
+            # length ``narrow_tile_k_blocks`` gives; and untransposed (a few output columns)
+            (GemmConfig(64, tn, 1, max_clusters=132, swap_ab=swap, k_blocks=kb),
+             (bf16("row"), bf16(b_major), out, None, None, None, None))
+            for tn in (16, 32, 48, 64) for kb in sorted({narrow_tile_k_blocks(tn, tiles, k, 132)
+                                                        for tiles in (1, 132) for k in (64, 4096)})
+            for swap in (True, False) for b_major in ("col", "row")) + (
             # 128 x 160 tiles in pairs along M (128 < M <= 256)
             (GemmConfig(128, 160, 2, max_clusters=66), (bf16("row"), bf16("col"), out, None, None, None, None)),
             (GemmConfig(128, 160, 2, max_clusters=66, stream_k=True),
