@@ -78,6 +78,24 @@ def test_narrow_tile_choices_are_compiled():
                     assert key(cfg) in built, (n, m, k, cfg)
 
 
+def test_unaligned_k_choices_are_compiled():
+    # The plans of unaligned-K products launch pad_k configurations (the GEMM pads its own
+    # operands): every one the heuristic gives them is among those compiled and precompiled.
+    from cute_kernels.gemm.op import PAD_KEEP_MAX_BYTES, compile_configurations, heuristic_config, pad_k_config
+
+    built = [c for _, c, _ in compile_configurations() if c is not None and c.pad_k]
+    for m in (3, 9, 31, 48, 65, 127, 129, 160, 256, 257, 500, 1500, 2048, 5000, 12000):
+        for n in (3, 17, 33, 129, 700, 2047, 3000, 6000, 10240, 14336, 28672):
+            for k in (9, 100, 1001, 3001, 6999):
+                kp = -(-k // 8) * 8
+                if (m + n) * kp * 2 > PAD_KEEP_MAX_BYTES:
+                    continue
+                a = torch.empty(m, kp, dtype=torch.bfloat16)
+                w = torch.empty(n, kp, dtype=torch.bfloat16)
+                cfg = heuristic_config(a, w.t(), None, None, None, None, Epilogue(), False, 132)
+                assert pad_k_config(cfg) in built, (m, n, k, cfg)
+
+
 def test_heuristic_covers_shapes():
     assert choose_config(4096, 4096, 4096, 1, 2, 132).tile_n == 256
     small = choose_config(128, 8192, 8192, 1, 2, 132)
@@ -680,6 +698,31 @@ def test_unaligned_k_plan_pads_each_call_and_stays_correct():
     for (x, v), y, z in zip(pairs, outs, on_side):
         check(y, x, v.t())
         check(z, x, v.t())
+
+
+@gpu
+@pytest.mark.parametrize("mnk", [(5, 4096, 777), (2000, 3000, 1001), (3000, 5000, 1999), (8192, 16, 4095),
+                                 (100, 64, 7), (4096, 4096, 4095)])
+def test_unaligned_k_products_pad_in_the_gemm_launch(mnk):
+    # Unaligned K through the plan: the GEMM fills the kept padded copies itself (pad_k: a
+    # transposed skinny product, ping-pong and cooperative tiles, a few output columns, K < 8),
+    # or beyond PAD_KEEP_MAX_BYTES a padding kernel first (4096 x 4096 x 4095). Every call gets
+    # new operands; results of earlier calls stay theirs.
+    from cute_kernels.gemm import op
+
+    m, n, k = mnk
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) + 3 for _ in range(3)]
+    ys = [ck.gemm(x, w.t()) for x in xs]
+    for x, y in zip(xs, ys):
+        check(y, x, w.t())
+    plan = next(p for key, p in op._plans.items() if key[:2] == (xs[0].shape, w.t().shape))
+    assert plan[0] is None and plan[-1] is not None  # launched through the padder
+    fused = (m + n) * (-(-k // 8) * 8) * 2 <= op.PAD_KEEP_MAX_BYTES
+    assert any(("pad_k",) == key[-1:] for key in op._kernels) or not fused
+    bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    for x in xs[:2]:
+        check(ck.gemm(x, w.t(), bias=bias), x, w.t(), extra=ref_mm(x, w.t()) + bias.double())
 
 
 @gpu

@@ -75,6 +75,10 @@ class GemmConfig:
     # CTAs resident per SM: 2 halves each CTA's shared memory (pipeline stages) and registers
     # (MMA warpgroups setmaxnreg to 216 instead of 232), for grids of more CTAs than SMs.
     ctas_per_sm: int = 1
+    # K-major A and B whose rows TMA cannot read (K not a multiple of 16 bytes): the kernel
+    # first copies them into zero-padded buffers, the grid meets at a barrier, then the
+    # mainloop reads the buffers (one launch where a separate padding kernel would cost a second).
+    pad_k: bool = False
 
     # The self-check's short name: "128x256 c2x1" (tile, cluster), then the other fields that
     # differ from their defaults.

@@ -76,6 +76,7 @@ from .scheduler import cluster_tile_counts, sk_run, tail_piece, tile_coords, who
 SMEM_CAPACITY = 232448
 SMEM_PER_SM = 233472  # 228 KB, each resident CTA also reserving 1 KB
 PRODUCER_REGISTERS = 40
+PAD_VECTOR = 8  # ``pad_k``: elements per thread and step of the copy (16 bytes of the padded row)
 MMA_REGISTERS = 232
 # Two CTAs per SM (``GemmConfig.ctas_per_sm``): 65536 registers / 2 CTAs / 128 threads per
 # warpgroup = 256 per producer + MMA warpgroup pair.
@@ -104,6 +105,9 @@ class GemmSm90:
         if config.epilogue_mma and (config.pingpong or config.stream_k or config.fp8_promote_every != 1):
             raise ValueError(f"epilogue_mma needs fp8 with a fold every k-tile (fp8_promote_every=1), "
                              f"the cooperative schedule and no stream-K tail: {config}")
+        if config.pad_k and (config.stream_k or config.max_clusters >= 1 << 30 or config.ctas_per_sm != 1):
+            raise ValueError(f"pad_k needs a persistent grid of one CTA per SM at most and no "
+                             f"stream-K tail: {config}")
         if config.ctas_per_sm not in (1, 2) or config.ctas_per_sm == 2 and config.mma_warpgroups != 1:
             raise ValueError(f"ctas_per_sm is 1, or 2 with one MMA warpgroup: {config}")
         epi = config.epilogue
@@ -217,11 +221,16 @@ class GemmSm90:
 
     @cute.jit
     def __call__(self, mA, mB, mD, mC, mBias, mScaleA, mScaleB, mZeroA, mSumB, mWork, mFlags,
-                 alpha: Float32, beta: Float32, token: cutlass.Int64, stream):
+                 mSrcA, mSrcB, alpha: Float32, beta: Float32, token: cutlass.Int64, stream):
         cfg = self.config
         a = _to_blas_order(mA, (1, 2, 0))  # (M, K, L)
         b = _to_blas_order(mB, (2, 1, 0))  # (N, K, L)
         d = _to_blas_order(mD, (1, 2, 0))  # (M, N, L)
+        # pad_k: the kernel first copies the caller's rows (mSrcA, mSrcB) into a and b.
+        src_a = _to_blas_order(mSrcA, (1, 2, 0)) if const_expr(cfg.pad_k) else None
+        src_b = _to_blas_order(mSrcB, (2, 1, 0)) if const_expr(cfg.pad_k) else None
+        pad_a = a if const_expr(cfg.pad_k) else None
+        pad_b = b if const_expr(cfg.pad_k) else None
         if const_expr(cfg.swap_ab):  # D^T = B^T A^T: (N, K, L) as A, (M, K, L) as B, (N, M, L)
             self._check_swap(mC, mBias, mScaleA, mScaleB, mZeroA, mSumB)
             a, b, d = b, a, _to_blas_order(mD, (2, 1, 0))
@@ -250,9 +259,9 @@ class GemmSm90:
         self.storage = Storage
         self.kernel(
             tma_a, tma_tensor_a, tma_b, tma_tensor_b, tma_d, tma_tensor_d, c, mBias, mScaleA,
-            mScaleB, mZeroA, mSumB, mWork, mFlags, alpha, beta, token, self.tiled_mma,
-            self.cta_layout_mnk, self.a_smem_staged, self.b_smem_staged, self.epi_smem_staged,
-            schedule,
+            mScaleB, mZeroA, mSumB, mWork, mFlags, src_a, src_b, pad_a, pad_b, alpha, beta, token,
+            self.tiled_mma, self.cta_layout_mnk, self.a_smem_staged, self.b_smem_staged,
+            self.epi_smem_staged, schedule,
         ).launch(grid=grid, block=[self.threads, 1, 1], cluster=(*self.cluster_mn, 1),
                  min_blocks_per_mp=cfg.ctas_per_sm,
                  preferred_smem_carveout=100 if cfg.ctas_per_sm > 1 else None,
@@ -262,7 +271,8 @@ class GemmSm90:
 
     @cute.kernel
     def kernel(self, tma_a, mA, tma_b, mB, tma_d, mD, mC, mBias, mScaleA, mScaleB, mZeroA, mSumB,
-               mWork, mFlags, alpha: Float32, beta: Float32, token: cutlass.Int64, tiled_mma: cute.TiledMma,
+               mWork, mFlags, mSrcA, mSrcB, mPadA, mPadB, alpha: Float32, beta: Float32,
+               token: cutlass.Int64, tiled_mma: cute.TiledMma,
                cta_layout_mnk: cute.Layout,
                a_smem_staged: cute.ComposedLayout, b_smem_staged: cute.ComposedLayout,
                epi_smem_staged: cute.ComposedLayout, schedule):
@@ -300,6 +310,8 @@ class GemmSm90:
         pipeline_init_wait(cluster_shape_mn=self.cluster_mn)
         if const_expr(self.PDL):
             cute.arch.griddepcontrol_wait()
+        if const_expr(self.config.pad_k):
+            self.pad_operands(mSrcA, mPadA, mSrcB, mPadB, mFlags, token, tidx)
 
         warpgroup = cute.arch.make_warp_uniform(tidx // 128)
         if warpgroup == 0:
@@ -314,6 +326,41 @@ class GemmSm90:
                                   (mScaleA, mScaleB, mZeroA, mSumB), mWork, mFlags, alpha, beta,
                                   token, mainloop, k_tiles, schedule, cluster_coord, rank,
                                   tidx - 128, warp)
+
+    @cute.jit
+    def pad_operands(self, src_a, pad_a, src_b, pad_b, mFlags, token, tidx):
+        """``pad_k``: every CTA copies its share of the rows of A and B into the zero-padded
+        buffers the TMA descriptors read (8 consecutive elements per thread and step, element by
+        element: the source rows have no alignment), then the grid meets at a barrier: each CTA
+        raises its flag to ``token`` (release) and waits for every other CTA's (acquire). The
+        generic-proxy writes are fenced against the async proxy (TMA) on both sides. The grid
+        is at most one CTA per SM (a persistent grid), so every CTA is resident."""
+        bx, by, bz = cute.arch.block_idx()
+        gx, gy, gz = cute.arch.grid_dim()
+        cta = (bz * gy + by) * gx + bx
+        ctas = gx * gy * gz
+        first = cta * self.threads + tidx
+        step = ctas * self.threads
+        for src, dst in ((src_a, pad_a), (src_b, pad_b)):
+            chunks = dst.shape[1] // PAD_VECTOR
+            last = src.shape[1] - 1
+            for i in range(first, dst.shape[0] * chunks, step):
+                row = i // chunks
+                chunk = i - row * chunks
+                for j in cutlass.range_constexpr(PAD_VECTOR):
+                    col = chunk * PAD_VECTOR + j
+                    value = src[row, cutlass.min(col, last), 0]  # in bounds (K >= 1)
+                    dst[row, col, 0] = cutlass.select_(col <= last, value, dst.element_type(0))
+        cute.arch.fence_proxy("async.global")
+        cute.arch.barrier()
+        if tidx == 0:
+            cute.arch.store(mFlags.iterator + cta, token, sem="release", scope="gpu")
+            for other in range(ctas):
+                seen = cute.arch.load(mFlags.iterator + other, cutlass.Int64, sem="acquire", scope="gpu")
+                while seen != token:
+                    seen = cute.arch.load(mFlags.iterator + other, cutlass.Int64, sem="acquire", scope="gpu")
+        cute.arch.barrier()
+        cute.arch.fence_proxy("async.global")
 
     @cute.jit
     def load(self, tma_a, tma_b, sA, sB, gA, gB, mainloop, cta_layout_mnk, cluster_coord, k_tiles,

@@ -84,13 +84,22 @@ def _free_spec(t) -> TensorSpec | None:
 def kernel_specs(a, b, d, c, bias, scale_a, scale_b, config: GemmConfig, zero_a=None,
                  sum_b=None) -> tuple:
     """The kernel's argument specs for these operands (``None`` for the optional ones left out;
-    the stream-K workspace and flags only where ``config.stream_k``)."""
+    the stream-K workspace and flags only where ``config.stream_k``; with ``config.pad_k`` a and b
+    are the padded buffers, and the caller's rows and the grid barrier's flags come too)."""
     work = TensorSpec("float32", (Sym(),), (1,), 16) if config.stream_k else None
-    flags = TensorSpec("int64", (Sym(),), (1,), 8) if config.stream_k else None
+    flags = TensorSpec("int64", (Sym(),), (1,), 8) if config.stream_k or config.pad_k else None
+    sources = (_source_rows_spec(a, "row"), _source_rows_spec(b, "col")) if config.pad_k else (None, None)
     return (_operand_spec(a), _operand_spec(b), _operand_spec(d), _free_spec(c), _free_spec(bias),
             _free_spec(scale_a), _free_spec(scale_b), _free_spec(zero_a), _free_spec(sum_b),
-            work, flags, ScalarSpec("float32"),
+            work, flags, *sources, ScalarSpec("float32"),
             ScalarSpec("float32"), ScalarSpec("int64"), StreamSpec())
+
+
+def _source_rows_spec(t: torch.Tensor, major: str) -> TensorSpec:
+    """``pad_k``'s source operand: 2-D, K contiguous (a (M, K) row-major, b (K, N) column-major),
+    the other stride any value."""
+    stride = (Sym(), 1) if major == "row" else (1, Sym())
+    return TensorSpec(dtype_name(t.dtype), (Sym(), Sym()), stride, t.element_size())
 
 
 # Stream-K flag values: one per launch, never 0 (a cleared flag), starting at a random point so
@@ -107,11 +116,19 @@ def compiled_gemm(config: GemmConfig, specs: tuple):
 
     kernel = get_kernel(GemmSm90, config, specs)
     unit_alpha = not config.epilogue.alpha
+    if config.pad_k:
+        def launch_padding(a_pad, b_pad, d, bias, flags, a, b, alpha, beta):
+            if unit_alpha and alpha != 1.0:
+                raise _alpha_error(alpha)
+            kernel(a_pad, b_pad, d, None, bias, None, None, None, None, None, flags, a, b, alpha, beta,
+                   next(_tokens))
+        return launch_padding
     if not config.stream_k:
         def launch(a, b, d, c, bias, scale_a, scale_b, alpha, beta, zero_a=None, sum_b=None):
             if unit_alpha and alpha != 1.0:
                 raise _alpha_error(alpha)
-            kernel(a, b, d, c, bias, scale_a, scale_b, zero_a, sum_b, None, None, alpha, beta, 0)
+            kernel(a, b, d, c, bias, scale_a, scale_b, zero_a, sum_b, None, None, None, None, alpha,
+                   beta, 0)
         return launch
     ctas = config.cluster_m * config.cluster_n * config.max_clusters
 
@@ -121,7 +138,7 @@ def compiled_gemm(config: GemmConfig, specs: tuple):
         work = torch.empty(ctas * config.tile_m * config.tile_n, dtype=torch.float32,
                            device=d.device)
         flags = torch.empty(ctas, dtype=torch.int64, device=d.device)
-        kernel(a, b, d, c, bias, scale_a, scale_b, None, None, work, flags, alpha, beta,
+        kernel(a, b, d, c, bias, scale_a, scale_b, None, None, work, flags, None, None, alpha, beta,
                next(_tokens))
     return launch_stream_k
 
@@ -194,17 +211,20 @@ def heuristic_config(a, b, c, bias, scale_a, scale_b, epilogue: Epilogue, fast_a
 
 
 def _kernel_for(a, b, d, c, bias, scale_a, scale_b, activation, tuned=False, fast_accum=False,
-                scaled=False):
+                scaled=False, pad_k=False):
     """The compiled kernel for these operands: configuration from ``heuristic_config``, or with
     ``tuned`` the fastest of a few timed on these operands (``tuning.py``; skinny products
     keep the heuristic's transposed configuration). ``scaled``: alpha is not 1 (otherwise the
-    epilogue skips the multiply)."""
+    epilogue skips the multiply). ``pad_k``: a and b are zero-padded buffers that the kernel
+    fills itself from the caller's operands (``GemmConfig.pad_k``; launched as
+    ``fn(a_pad, b_pad, d, bias, flags, a, b, alpha, beta)``, never tuned)."""
     m, k = a.shape[-2:]
     n = b.shape[-1]
     batch = a.shape[0] if a.dim() == 3 else 1
     key = (a.dim(), a.dtype, b.dtype, d.dtype, _major(a), _major(b), m, n, k, batch,
            None if c is None else (c.dtype, c.dim()), None if bias is None else bias.dtype,
-           _scale_kind(scale_a), _scale_kind(scale_b), activation, fast_accum, scaled, tuned)
+           _scale_kind(scale_a), _scale_kind(scale_b), activation, fast_accum, scaled, tuned) + (
+               ("pad_k",) if pad_k else ())
     fn = _kernels.get(key)
     if fn is None:
         epilogue = Epilogue(bias is not None, c is not None, activation,
@@ -214,7 +234,9 @@ def _kernel_for(a, b, d, c, bias, scale_a, scale_b, activation, tuned=False, fas
                             scalar_scale_b=_scale_kind(scale_b) == "tensor", alpha=scaled)
         sms = sm_count(a.device.index or 0)
         config = heuristic_config(a, b, c, bias, scale_a, scale_b, epilogue, fast_accum, sms)
-        if tuned and not config.swap_ab:
+        if pad_k:
+            config = pad_k_config(config)
+        elif tuned and not config.swap_ab:
             scratch = torch.empty_like(d)  # timed launches never touch the caller's output
             config = tuned_config(
                 repr((target_arch(), key[:-1])), config, m, sms, a.element_size() == 1,
@@ -439,9 +461,10 @@ def gemm(a, b, *, bias=None, alpha: float = 1.0, beta: float = 0.0, c=None, acti
             else:  # the kernel writes ``out`` itself (plans are kept only where it did)
                 d = out
             try:
-                if pad is not None:  # rows TMA cannot read: both zero-padded along K, one launch
-                    a, b = pad(a, b)
-                fn(a, b, d, None, bias, None, None, float(alpha), float(beta))
+                if pad is not None:  # rows TMA cannot read: both zero-padded along K (_pair_padder)
+                    pad(a, b, d, bias, float(alpha), float(beta))
+                else:
+                    fn(a, b, d, None, bias, None, None, float(alpha), float(beta))
                 return d
             except ValueError:  # a misaligned data pointer: the general path copies
                 pass
@@ -475,36 +498,41 @@ def gemm(a, b, *, bias=None, alpha: float = 1.0, beta: float = 0.0, c=None, acti
     if key is not None and d.numel() and a.shape[-1] and direct:
         step = 16 // a.element_size()
         ready_a, ready_b = _prepare(a, b, step)
-        pad = None
+        pad = fn = None
+        scaled = float(alpha) != 1.0
         if not (ready_a is a and ready_b is b) and _unaligned_k_only(a, b, step):
             # Contiguous rows of a K that is no multiple of 16 bytes (a and a transposed (N, K)
-            # weight): the plan pads both along K in one launch, as ``_prepare`` would copy.
-            pad = _pair_padder(a.dtype, ready_a.shape[-1], a.shape[0], b.shape[1])
-            ready_a, ready_b = pad(a, b)
-        elif not (ready_a is a and ready_b is b):
-            ready_a = None  # other copies: no plan
-        if ready_a is not None:
+            # weight): the plan pads both along K, as ``_prepare`` would copy.
+            def gemm_for(padded, fused):
+                return _kernel_for(*padded, d, None, bias, None, None, activation, tuned,
+                                   scaled=scaled, pad_k=fused)
+            pad = _pair_padder(a.dtype, a.device, ready_a.shape[-1], a.shape[0], b.shape[1], gemm_for)
+        elif ready_a is a and ready_b is b:
+            fn = _kernel_for(a, b, d, None, bias, None, None, activation, tuned, scaled=scaled)
+        if pad is not None or fn is not None:  # (other copies: no plan)
             n = d.shape[-1]
             alloc = (*d.shape[:-1], -(-n * out_dtype.itemsize // 16) * 16 // out_dtype.itemsize)
-            _plans[key] = (_kernel_for(ready_a, ready_b, d, None, bias, None, None, activation,
-                                       tuned, scaled=float(alpha) != 1.0), alloc, out_dtype, n, pad)
+            _plans[key] = (fn, alloc, out_dtype, n, pad)
     return d
 
 
 # Padded copies up to this size stay with their launch plan, one pair per stream, rewritten by
-# every call in stream order: such a call then allocates only its output (measured on the
-# H200's host: 6.7 us per allocation, the pad and GEMM launches 7 us each).
+# every call in stream order, and the GEMM pads them itself (``GemmConfig.pad_k``): such a call
+# allocates only its output and launches one kernel (measured on an H100's host, 333 x 1000 x
+# 777: the padding kernel's launch cost 7-10 us of a 27 us call, an allocation 3.5-6.5 us).
 PAD_KEEP_MAX_BYTES = 32 << 20
+# ``pad_k``'s grid-barrier flags per kept pair: one int64 per CTA of a grid of at most one CTA
+# per SM.
+PAD_FLAGS = 1024
 
 
-def _pair_padder(dtype, k_padded: int, rows_a: int, rows_b: int):
-    """``pad(a, b)``: a (rows_a, K) row-major and b = w.t() of a row-major (rows_b, K) w, copied
-    with K zero-padded to ``k_padded`` into row-major rows by one launch of ``pad.PadRowsSm90``;
-    returns (a, b) so padded. Both copies share one allocation, kept per stream while small
-    (``PAD_KEEP_MAX_BYTES``)."""
-    from .pad import PadRowsSm90  # the kernel module: imported at the first compile
-
-    kernel = get_kernel(PadRowsSm90, None, pad_specs(dtype_name(dtype)))
+def _pair_padder(dtype, device, k_padded: int, rows_a: int, rows_b: int, gemm_for):
+    """``run(a, b, d, bias, alpha, beta)``: the product of a (rows_a, K) row-major and b = w.t()
+    of a row-major (rows_b, K) w, through copies of both with K zero-padded to ``k_padded``.
+    While the copies are small (``PAD_KEEP_MAX_BYTES``) they are kept, one pair per stream, and
+    the GEMM fills them itself (``gemm_for((a_pad, b_pad), True)``, ``GemmConfig.pad_k``); larger
+    ones are allocated per call and filled by one launch of ``pad.PadRowsSm90`` before the GEMM
+    (``gemm_for((a_pad, b_pad), False)``)."""
     keep = (rows_a + rows_b) * k_padded * dtype.itemsize <= PAD_KEEP_MAX_BYTES
     kept: dict = {}
 
@@ -513,19 +541,36 @@ def _pair_padder(dtype, k_padded: int, rows_a: int, rows_b: int):
         w_pad = flat[rows_a * k_padded:].view(rows_b, k_padded)  # starts on 16 bytes (k_padded % 8 == 0)
         return flat[:rows_a * k_padded].view(rows_a, k_padded), w_pad, w_pad.t()
 
-    def pad(a, b):
-        if keep:
-            stream = torch._C._cuda_getCurrentRawStream(a.device.index)
+    if keep:
+        def kept_for(device):
+            return (*buffers(device), torch.empty(PAD_FLAGS, dtype=torch.int64, device=device))
+
+        def run_fused(a, b, d, bias, alpha, beta):
+            stream = torch._C._cuda_getCurrentRawStream(d.get_device())
             found = kept.get(stream)
             if found is None:
-                found = kept[stream] = buffers(a.device)
-        else:
-            found = buffers(a.device)
-        a_pad, w_pad, w_pad_t = found
-        kernel(a, a_pad, b.t(), w_pad)
-        return a_pad, w_pad_t
+                found = kept[stream] = kept_for(a.device)
+            a_pad, _, w_pad_t, flags = found
+            fused(a_pad, w_pad_t, d, bias, flags, a, b, alpha, beta)
 
-    return pad
+        first = kept[torch._C._cuda_getCurrentRawStream(device.index)] = kept_for(device)
+        fused = gemm_for((first[0], first[2]), True)
+        return run_fused
+
+    from .pad import PadRowsSm90  # the kernel module: imported at the first compile
+
+    kernel = get_kernel(PadRowsSm90, None, pad_specs(dtype_name(dtype)))
+    gemm = None
+
+    def run(a, b, d, bias, alpha, beta):
+        nonlocal gemm
+        a_pad, w_pad, w_pad_t = buffers(a.device)
+        kernel(a, a_pad, b.t(), w_pad)
+        if gemm is None:
+            gemm = gemm_for((a_pad, w_pad_t), False)
+        gemm(a_pad, w_pad_t, d, None, bias, None, None, alpha, beta)
+
+    return run
 
 
 def pad_specs(dtype: str) -> tuple:
@@ -599,7 +644,7 @@ def compile_configurations(quick: bool = False):
     sk_work = (TensorSpec("float32", (Sym(),), (1,), 16), TensorSpec("int64", (Sym(),), (1,), 8))
 
     def specs(cfg, operands):  # (a, b, d, c, bias, scale_a, scale_b) + the stream-K workspace
-        return operands + (None, None) + (sk_work if cfg.stream_k else (None, None)) + scalars
+        return operands + (None, None) + (sk_work if cfg.stream_k else (None, None)) + (None, None) + scalars
 
     tiles = [(128, 256, 1), (128, 256, 2), (128, 128, 1), (128, 128, 2), (64, 128, 1), (64, 128, 2)]
     found = []
@@ -682,6 +727,18 @@ def compile_configurations(quick: bool = False):
             (GemmConfig(128, 160, 2, max_clusters=66, stream_k=True),
              (bf16("row"), bf16("row"), out, None, None, None, None))):
         found.append((GemmSm90, cfg, specs(cfg, operands)))
+    # pad_k: unaligned K (a and a transposed (N, K) weight, bf16 or fp16, with or without a
+    # bias), every configuration the heuristic gives such products (``pad_k_configurations``).
+    flags = TensorSpec("int64", (Sym(),), (1,), 8)
+    for dtype in ("bfloat16", "float16"):
+        operand16 = lambda major: operand(dtype, major)  # noqa: E731
+        sources = (TensorSpec(dtype, (Sym(), Sym()), (Sym(), 1), 2), TensorSpec(dtype, (Sym(), Sym()), (1, Sym()), 2))
+        for cfg in pad_k_configurations():
+            if dtype == "float16" and cfg.epilogue.bias:
+                continue
+            bias = free(1) if cfg.epilogue.bias else None
+            found.append((GemmSm90, cfg, (operand16("row"), operand16("col"), operand(dtype, "row"), None, bias,
+                                          None, None, None, None, None, flags, *sources) + scalars))
     from .pad import PadRowsSm90
     for dtype in ("bfloat16", "float16"):
         found.append((PadRowsSm90, None, pad_specs(dtype)))
@@ -690,6 +747,40 @@ def compile_configurations(quick: bool = False):
                  lambda c: c.pingpong, lambda c: c.stream_k)
         found = found[:2] + [next(case for case in found if case[1] is not None and kind(case[1]))
                              for kind in kinds]
+    return found
+
+
+def pad_k_config(config: GemmConfig) -> GemmConfig:
+    """The heuristic's configuration for padded operands, made to pad them itself
+    (``GemmConfig.pad_k``): without a stream-K tail (the grid barrier needs every CTA at once),
+    and cooperative instead of ping-pong (ping-pong's 192 accumulators per thread spill next to
+    the padding code)."""
+    config = replace(config, pad_k=True, stream_k=False)
+    if config.pingpong:
+        config = replace(config, pingpong=False, epi_stages=GemmConfig.epi_stages)
+    return config
+
+
+def pad_k_configurations(sms: int = 132) -> list:
+    """The ``pad_k`` configurations the heuristic gives unaligned-K products whose padded copies
+    the plans keep (``PAD_KEEP_MAX_BYTES``), over a sample of their shapes (M, N from 2 to
+    28672, K from 7 to 8191; plain and with a bias and an activation)."""
+    found = []
+    sizes = (2, 3, 9, 16, 17, 31, 33, 48, 49, 64, 65, 100, 127, 129, 160, 192, 200, 256, 257, 333, 500,
+             700, 1000, 1500, 2047, 3000, 4096, 5000, 6000, 8192, 10240, 12000, 14336, 16384, 28672)
+    for m in sizes:
+        for n in sizes:
+            for k in (7, 100, 777, 1001, 1999, 3001, 4095, 6999, 8191):
+                kp = -(-k // 8) * 8
+                if (m + n) * kp * 2 > PAD_KEEP_MAX_BYTES:
+                    continue
+                a = torch.empty(m, kp, dtype=torch.bfloat16, device="meta")
+                b = torch.empty(n, kp, dtype=torch.bfloat16, device="meta").t()
+                for epilogue in (Epilogue(), Epilogue(bias=True, activation="gelu_tanh")):
+                    bias = torch.empty(n, dtype=torch.bfloat16, device="meta") if epilogue.bias else None
+                    cfg = pad_k_config(heuristic_config(a, b, None, bias, None, None, epilogue, False, sms))
+                    if cfg not in found:
+                        found.append(cfg)
     return found
 
 

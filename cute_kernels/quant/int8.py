@@ -482,7 +482,8 @@ def compile_configurations(quick: bool = False):
            for dt, size in (("int32", 4), ("bfloat16", 2), ("float16", 2), ("float32", 4))}
     vec = {dt: TensorSpec(dt, (Sym(),), (Sym(),), 4) for dt in ("float32", "int32")}
     bias = TensorSpec("bfloat16", (Sym(),), (Sym(),), 2)
-    tail = (None, None, ScalarSpec("float32"), ScalarSpec("float32"), ScalarSpec("int64"), StreamSpec())
+    tail = (None, None, None, None, ScalarSpec("float32"), ScalarSpec("float32"), ScalarSpec("int64"),
+            StreamSpec())
     # (epilogue, d, bias, scale_a, scale_b, zero_a, sum_b)
     epilogues = [
         (Epilogue(), out["int32"], None, None, None, None, None),
