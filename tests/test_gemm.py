@@ -81,14 +81,14 @@ def test_narrow_tile_choices_are_compiled():
 def test_unaligned_k_choices_are_compiled():
     # The plans of unaligned-K products launch pad_k configurations (the GEMM pads its own
     # operands): every one the heuristic gives them is among those compiled and precompiled.
-    from cute_kernels.gemm.op import PAD_KEEP_MAX_BYTES, compile_configurations, heuristic_config, pad_k_config
+    from cute_kernels.gemm.op import PAD_FUSE_MAX_BYTES, compile_configurations, heuristic_config, pad_k_config
 
     built = [c for _, c, _ in compile_configurations() if c is not None and c.pad_k]
     for m in (3, 9, 31, 48, 65, 127, 129, 160, 256, 257, 500, 1500, 2048, 5000, 12000):
         for n in (3, 17, 33, 129, 700, 2047, 3000, 6000, 10240, 14336, 28672):
             for k in (9, 100, 1001, 3001, 6999):
                 kp = -(-k // 8) * 8
-                if (m + n) * kp * 2 > PAD_KEEP_MAX_BYTES:
+                if (m + n) * kp * 2 > PAD_FUSE_MAX_BYTES:
                     continue
                 a = torch.empty(m, kp, dtype=torch.bfloat16)
                 w = torch.empty(n, kp, dtype=torch.bfloat16)
@@ -701,13 +701,13 @@ def test_unaligned_k_plan_pads_each_call_and_stays_correct():
 
 
 @gpu
-@pytest.mark.parametrize("mnk", [(5, 4096, 777), (2000, 3000, 1001), (3000, 5000, 1999), (8192, 16, 4095),
-                                 (100, 64, 7), (4096, 4096, 4095)])
+@pytest.mark.parametrize("mnk", [(5, 2048, 777), (333, 1000, 777), (600, 1200, 1001), (100, 64, 7),
+                                 (5, 4096, 777), (2000, 3000, 1001), (8192, 16, 4095), (4096, 4096, 4095)])
 def test_unaligned_k_products_pad_in_the_gemm_launch(mnk):
-    # Unaligned K through the plan: the GEMM fills the kept padded copies itself (pad_k: a
-    # transposed skinny product, ping-pong and cooperative tiles, a few output columns, K < 8),
-    # or beyond PAD_KEEP_MAX_BYTES a padding kernel first (4096 x 4096 x 4095). Every call gets
-    # new operands; results of earlier calls stay theirs.
+    # Unaligned K through the plan: up to PAD_FUSE_MAX_BYTES of padded copies the GEMM fills the
+    # kept copies itself (pad_k: a transposed skinny product, cooperative tiles, K < 8); beyond,
+    # a padding kernel first (kept copies up to PAD_KEEP_MAX_BYTES, 4096 x 4096 x 4095 beyond).
+    # Every call gets new operands, far from zero mean; results of earlier calls stay theirs.
     from cute_kernels.gemm import op
 
     m, n, k = mnk
@@ -718,7 +718,7 @@ def test_unaligned_k_products_pad_in_the_gemm_launch(mnk):
         check(y, x, w.t())
     plan = next(p for key, p in op._plans.items() if key[:2] == (xs[0].shape, w.t().shape))
     assert plan[0] is None and plan[-1] is not None  # launched through the padder
-    fused = (m + n) * (-(-k // 8) * 8) * 2 <= op.PAD_KEEP_MAX_BYTES
+    fused = (m + n) * (-(-k // 8) * 8) * 2 <= op.PAD_FUSE_MAX_BYTES
     assert any(("pad_k",) == key[-1:] for key in op._kernels) or not fused
     bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
     for x in xs[:2]:

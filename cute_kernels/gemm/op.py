@@ -517,10 +517,14 @@ def gemm(a, b, *, bias=None, alpha: float = 1.0, beta: float = 0.0, c=None, acti
 
 
 # Padded copies up to this size stay with their launch plan, one pair per stream, rewritten by
-# every call in stream order, and the GEMM pads them itself (``GemmConfig.pad_k``): such a call
-# allocates only its output and launches one kernel (measured on an H100's host, 333 x 1000 x
-# 777: the padding kernel's launch cost 7-10 us of a 27 us call, an allocation 3.5-6.5 us).
+# every call in stream order: such a call then allocates only its output (measured on the
+# H200's host: 6.7 us per allocation, the pad and GEMM launches 7 us each).
 PAD_KEEP_MAX_BYTES = 32 << 20
+# Up to this size the GEMM pads them itself (``GemmConfig.pad_k``): one launch per call instead
+# of two. Measured on H100, 333 x 1000 x 777 (2.1 MB of copies): host time 15-17 us vs 27 us
+# (torch.matmul 17-19 us); at 5 x 4096 x 777 (6.4 MB) the GEMM's 64 CTAs took 25-40 us to
+# copy what the padding kernel's full grid copies in a few.
+PAD_FUSE_MAX_BYTES = 4 << 20
 # ``pad_k``'s grid-barrier flags per kept pair: one int64 per CTA of a grid of at most one CTA
 # per SM.
 PAD_FLAGS = 1024
@@ -529,11 +533,12 @@ PAD_FLAGS = 1024
 def _pair_padder(dtype, device, k_padded: int, rows_a: int, rows_b: int, gemm_for):
     """``run(a, b, d, bias, alpha, beta)``: the product of a (rows_a, K) row-major and b = w.t()
     of a row-major (rows_b, K) w, through copies of both with K zero-padded to ``k_padded``.
-    While the copies are small (``PAD_KEEP_MAX_BYTES``) they are kept, one pair per stream, and
-    the GEMM fills them itself (``gemm_for((a_pad, b_pad), True)``, ``GemmConfig.pad_k``); larger
-    ones are allocated per call and filled by one launch of ``pad.PadRowsSm90`` before the GEMM
+    While the copies are small (``PAD_KEEP_MAX_BYTES``) they are kept, one pair per stream.
+    Up to ``PAD_FUSE_MAX_BYTES`` the GEMM fills them itself (``gemm_for((a_pad, b_pad), True)``,
+    ``GemmConfig.pad_k``); beyond, one launch of ``pad.PadRowsSm90`` fills them before the GEMM
     (``gemm_for((a_pad, b_pad), False)``)."""
-    keep = (rows_a + rows_b) * k_padded * dtype.itemsize <= PAD_KEEP_MAX_BYTES
+    size = (rows_a + rows_b) * k_padded * dtype.itemsize
+    keep = size <= PAD_KEEP_MAX_BYTES
     kept: dict = {}
 
     def buffers(device):
@@ -541,7 +546,7 @@ def _pair_padder(dtype, device, k_padded: int, rows_a: int, rows_b: int, gemm_fo
         w_pad = flat[rows_a * k_padded:].view(rows_b, k_padded)  # starts on 16 bytes (k_padded % 8 == 0)
         return flat[:rows_a * k_padded].view(rows_a, k_padded), w_pad, w_pad.t()
 
-    if keep:
+    if size <= PAD_FUSE_MAX_BYTES:
         def kept_for(device):
             return (*buffers(device), torch.empty(PAD_FLAGS, dtype=torch.int64, device=device))
 
@@ -564,7 +569,14 @@ def _pair_padder(dtype, device, k_padded: int, rows_a: int, rows_b: int, gemm_fo
 
     def run(a, b, d, bias, alpha, beta):
         nonlocal gemm
-        a_pad, w_pad, w_pad_t = buffers(a.device)
+        if keep:
+            stream = torch._C._cuda_getCurrentRawStream(d.get_device())
+            found = kept.get(stream)
+            if found is None:
+                found = kept[stream] = buffers(a.device)
+        else:
+            found = buffers(a.device)
+        a_pad, w_pad, w_pad_t = found
         kernel(a, a_pad, b.t(), w_pad)
         if gemm is None:
             gemm = gemm_for((a_pad, w_pad_t), False)
@@ -763,8 +775,8 @@ def pad_k_config(config: GemmConfig) -> GemmConfig:
 
 def pad_k_configurations(sms: int = 132) -> list:
     """The ``pad_k`` configurations the heuristic gives unaligned-K products whose padded copies
-    the plans keep (``PAD_KEEP_MAX_BYTES``), over a sample of their shapes (M, N from 2 to
-    28672, K from 7 to 8191; plain and with a bias and an activation)."""
+    the GEMM fills itself (``PAD_FUSE_MAX_BYTES``), over a sample of their shapes (M, N from 2
+    to 28672, K from 7 to 8191; plain and with a bias and an activation)."""
     found = []
     sizes = (2, 3, 9, 16, 17, 31, 33, 48, 49, 64, 65, 100, 127, 129, 160, 192, 200, 256, 257, 333, 500,
              700, 1000, 1500, 2047, 3000, 4096, 5000, 6000, 8192, 10240, 12000, 14336, 16384, 28672)
@@ -772,7 +784,7 @@ def pad_k_configurations(sms: int = 132) -> list:
         for n in sizes:
             for k in (7, 100, 777, 1001, 1999, 3001, 4095, 6999, 8191):
                 kp = -(-k // 8) * 8
-                if (m + n) * kp * 2 > PAD_KEEP_MAX_BYTES:
+                if (m + n) * kp * 2 > PAD_FUSE_MAX_BYTES:
                     continue
                 a = torch.empty(m, kp, dtype=torch.bfloat16, device="meta")
                 b = torch.empty(n, kp, dtype=torch.bfloat16, device="meta").t()
