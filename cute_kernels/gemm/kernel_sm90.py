@@ -18,6 +18,9 @@ Design:
     flag (the launch's token); the piece that ends the tile waits for those flags, adds the
     partials (and clears the flags) and runs the epilogue.
   - Clusters of ``cluster_m`` x ``cluster_n`` CTAs share operand tiles by TMA multicast.
+  - ``pad_k`` (K not a multiple of 16 bytes): before the mainloop every CTA copies its share of
+    the caller's A and B rows into zero-padded buffers, and the grid meets at a barrier (per-CTA
+    flags set to the launch's token), so that an unaligned product is one launch.
   - Programmatic dependent launch (``PDL``): the kernel may start while the previous kernel on
     the stream finishes; it sets up shared memory and barriers, then waits for that kernel's
     grid (``griddepcontrol.wait``) before any global memory access, and lets the next kernel
@@ -52,6 +55,11 @@ Constraints:
     values per thread, two fp32 accumulators for fp8)
   - ``fp8_split_n``: fp8, cooperative schedule, a fold every k-tile, tile N a multiple of 32
   - ``epilogue_mma``: fp8, a fold every k-tile, cooperative schedule, no stream-K tail
+  - ``ctas_per_sm = 2``: one MMA warpgroup (each CTA gets half the shared memory and 216
+    registers per MMA thread)
+  - ``pad_k``: a capped grid of at most one CTA per SM (a grid barrier follows the copy), no
+    stream-K tail; ``mSrcA`` (M, K) and ``mSrcB`` (K, N) with K contiguous, A and B the padded
+    buffers (K rounded up to 8 elements), ``flags`` one int64 per CTA, ``token`` new per launch
   - ``stream_k``: cooperative schedule, a capped grid (``max_clusters``); ``work`` holds
     ``tile_m * tile_n`` fp32 values per launched CTA, ``flags`` one int64 per launched CTA, and
     ``token`` is nonzero and new for every launch whose flags were not cleared by a previous
