@@ -86,7 +86,11 @@ def test_cross_entropy_configuration_compiles_without_spills(case):
 
 
 GEMM_ALL = gemm_op.compile_configurations()
-GEMM = [case for case in GEMM_ALL if case[0].__name__ == "GemmSm90"]
+# pad_k kernels in bf16 only: fp16 adds no code to the copy or the grid barrier (the same MMA
+# with fp16 operands is compiled elsewhere), to keep CI's compile time in bounds (precompile
+# builds them all).
+GEMM = [case for case in GEMM_ALL if case[0].__name__ == "GemmSm90"
+        and not (case[1].pad_k and case[2][0].dtype == "float16")]
 PAD = [case for case in GEMM_ALL if case[0].__name__ == "PadRowsSm90"]
 
 

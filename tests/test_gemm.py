@@ -702,11 +702,13 @@ def test_unaligned_k_plan_pads_each_call_and_stays_correct():
 
 @gpu
 @pytest.mark.parametrize("mnk", [(5, 2048, 777), (333, 1000, 777), (600, 1200, 1001), (100, 64, 7),
-                                 (5, 4096, 777), (2000, 3000, 1001), (8192, 16, 4095), (4096, 4096, 4095)])
+                                 (5, 4096, 777), (2000, 3000, 1001), (3000, 5000, 1999), (8192, 16, 4095),
+                                 (4096, 4096, 4095)])
 def test_unaligned_k_products_pad_in_the_gemm_launch(mnk):
     # Unaligned K through the plan: up to PAD_FUSE_MAX_BYTES of padded copies the GEMM fills the
     # kept copies itself (pad_k: a transposed skinny product, cooperative tiles, K < 8); beyond,
-    # a padding kernel first (kept copies up to PAD_KEEP_MAX_BYTES, 4096 x 4096 x 4095 beyond).
+    # a padding kernel first (kept copies up to PAD_KEEP_MAX_BYTES: 3000 x 5000 x 1999; fresh ones
+    # beyond: 8192 x 16 x 4095, 4096 x 4096 x 4095).
     # Every call gets new operands, far from zero mean; results of earlier calls stay theirs.
     from cute_kernels.gemm import op
 

@@ -339,10 +339,12 @@ class GemmSm90:
     def pad_operands(self, src_a, pad_a, src_b, pad_b, mFlags, token, tidx):
         """``pad_k``: every CTA copies its share of the rows of A and B into the zero-padded
         buffers the TMA descriptors read (8 consecutive elements per thread and step, element by
-        element: the source rows have no alignment), then the grid meets at a barrier: each CTA
-        raises its flag to ``token`` (release) and waits for every other CTA's (acquire). The
-        generic-proxy writes are fenced against the async proxy (TMA) on both sides. The grid
-        is at most one CTA per SM (a persistent grid), so every CTA is resident."""
+        element: the source rows have no alignment; the 8 loads are issued before the 8 stores,
+        which could alias them, so that they wait for memory once), then the grid meets at a
+        barrier: each CTA raises its flag to ``token`` (release) and waits for every other CTA's
+        (acquire). The generic-proxy writes are fenced against the async proxy (TMA) on both
+        sides. The grid is at most one CTA per SM (a persistent grid), so every CTA is
+        resident."""
         bx, by, bz = cute.arch.block_idx()
         gx, gy, gz = cute.arch.grid_dim()
         cta = (bz * gy + by) * gx + bx
@@ -355,18 +357,22 @@ class GemmSm90:
             for i in range(first, dst.shape[0] * chunks, step):
                 row = i // chunks
                 chunk = i - row * chunks
+                values = cute.make_rmem_tensor((PAD_VECTOR,), dst.element_type)
+                for j in cutlass.range_constexpr(PAD_VECTOR):
+                    values[j] = src[row, cutlass.min(chunk * PAD_VECTOR + j, last), 0]  # in bounds (K >= 1)
                 for j in cutlass.range_constexpr(PAD_VECTOR):
                     col = chunk * PAD_VECTOR + j
-                    value = src[row, cutlass.min(col, last), 0]  # in bounds (K >= 1)
-                    dst[row, col, 0] = cutlass.select_(col <= last, value, dst.element_type(0))
+                    dst[row, col, 0] = cutlass.select_(col <= last, values[j], dst.element_type(0))
         cute.arch.fence_proxy("async.global")
         cute.arch.barrier()
         if tidx == 0:
             cute.arch.store(mFlags.iterator + cta, token, sem="release", scope="gpu")
-            for other in range(ctas):
+        # Every thread waits for its share of the flags (one each up to a grid of as many CTAs
+        # as the block has threads): the polls run side by side, one L2 round trip, not a chain.
+        for other in range(tidx, ctas, self.threads):
+            seen = cute.arch.load(mFlags.iterator + other, cutlass.Int64, sem="acquire", scope="gpu")
+            while seen != token:
                 seen = cute.arch.load(mFlags.iterator + other, cutlass.Int64, sem="acquire", scope="gpu")
-                while seen != token:
-                    seen = cute.arch.load(mFlags.iterator + other, cutlass.Int64, sem="acquire", scope="gpu")
         cute.arch.barrier()
         cute.arch.fence_proxy("async.global")
 

@@ -521,10 +521,11 @@ def gemm(a, b, *, bias=None, alpha: float = 1.0, beta: float = 0.0, c=None, acti
 # H200's host: 6.7 us per allocation, the pad and GEMM launches 7 us each).
 PAD_KEEP_MAX_BYTES = 32 << 20
 # Up to this size the GEMM pads them itself (``GemmConfig.pad_k``): one launch per call instead
-# of two. Measured on H100, 333 x 1000 x 777 (2.1 MB of copies): host time 15-17 us vs 27 us
-# (torch.matmul 17-19 us); at 5 x 4096 x 777 (6.4 MB) the GEMM's 64 CTAs took 25-40 us to
-# copy what the padding kernel's full grid copies in a few.
-PAD_FUSE_MAX_BYTES = 4 << 20
+# of two. Measured on H100 (L2-cold loop, ratio to cuBLAS, in-GEMM / padding kernel + GEMM):
+# 333 x 1000 x 777 (2.1 MB of copies) 1.09x / 1.00x with 11.8 / 17.8 us of host time
+# (torch.matmul 14.1), 600 x 1200 x 1001 1.08x / 0.90x, 5 x 4096 x 777 0.77x / 0.63x,
+# 2000 x 3000 x 1001 (10 MB) 3.11x / 2.20x, 1000 x 1000 x 4095 (16 MB) 1.41x / 1.06x.
+PAD_FUSE_MAX_BYTES = 16 << 20
 # ``pad_k``'s grid-barrier flags per kept pair: one int64 per CTA of a grid of at most one CTA
 # per SM.
 PAD_FLAGS = 1024
