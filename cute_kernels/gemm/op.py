@@ -441,8 +441,10 @@ def gemm(a, b, *, bias=None, alpha: float = 1.0, beta: float = 0.0, c=None, acti
         the epilogue alone), size-1 dims with any stride
       - ``out`` of any layout (one TMA cannot write is computed into a buffer, then copied)
       - a layout TMA cannot read (a stride that is not a multiple of 16 bytes, or no unit stride)
-        costs one zero-padded copy of that operand; an output whose rows are not 16-byte
-        multiples is allocated with padded rows and returned as a view
+        costs one zero-padded copy of that operand (for a and a transposed (N, K) weight whose
+        K alone is unaligned, repeated calls pad both into buffers kept with the launch plan,
+        inside the GEMM's own launch up to ``PAD_FUSE_MAX_BYTES``); an output whose rows are
+        not 16-byte multiples is allocated with padded rows and returned as a view
     """
     if (c is None and isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
             and (bias is None or isinstance(bias, torch.Tensor))
