@@ -571,7 +571,7 @@ def _pair_padder(dtype, device, k_padded: int, rows_a: int, rows_b: int, gemm_fo
     gemm = None
 
     def run(a, b, d, bias, alpha, beta):
-        nonlocal gemm
+        nonlocal gemm, gemm_for
         if keep:
             stream = torch._C._cuda_getCurrentRawStream(d.get_device())
             found = kept.get(stream)
@@ -581,8 +581,8 @@ def _pair_padder(dtype, device, k_padded: int, rows_a: int, rows_b: int, gemm_fo
             found = buffers(a.device)
         a_pad, w_pad, w_pad_t = found
         kernel(a, a_pad, b.t(), w_pad)
-        if gemm is None:
-            gemm = gemm_for((a_pad, w_pad_t), False)
+        if gemm is None:  # compiled once; the caller's closure (its first output) is let go
+            gemm, gemm_for = gemm_for((a_pad, w_pad_t), False), None
         gemm(a_pad, w_pad_t, d, None, bias, None, None, alpha, beta)
 
     return run
