@@ -10,7 +10,8 @@ from .gemm.op import gemm, gemm_fp8
 from .losses.fused_linear_cross_entropy import FusedLinearCrossEntropyLoss, fused_linear_cross_entropy
 from .quant.int8 import Int8Linear, dequantize_int8, gemm_int8, quantize_int8
 from .quant.nvfp4 import nvfp4_dequantize, nvfp4_quantize
-from .quant.nvfp4_gemm import NVFP4Linear, gemm_nvfp4, gemm_w4a16, gemv_nvfp4, nvfp4_dual_gemm
+from .quant.nvfp4_gemm import (NVFP4Linear, NVFP4Weight, gemm_nvfp4, gemm_w4a16, gemv_nvfp4,
+                               nvfp4_dual_gemm, nvfp4_prepare_weight)
 from .rowwise.cross_entropy_op import cross_entropy
 from .rowwise.modules import CrossEntropyLoss, LayerNorm, RMSNorm
 from .rowwise.norm_op import layer_norm, rms_norm
@@ -42,6 +43,8 @@ __all__ = [
     "gemv_nvfp4",
     "nvfp4_dual_gemm",
     "NVFP4Linear",
+    "NVFP4Weight",
+    "nvfp4_prepare_weight",
     "softmax",
     "rms_norm",
     "layer_norm",

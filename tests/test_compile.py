@@ -1,5 +1,7 @@
 """Every kernel configuration compiled for sm_90a on this machine (no GPU needed), PTX read."""
 
+import re
+
 import pytest
 
 from cute_kernels.attention import op as attention_op
@@ -231,6 +233,8 @@ def _product_id(case):
     kernel, config, _ = case
     if kernel.__name__ == "DequantizeNvfp4Sm90":
         return f"dequantize-{config}"
+    if kernel.__name__ == "W4A16GemmSm90":
+        return f"w4a16-{config.tile_m}x{config.tile_n}-cta{config.ctas_per_sm}-bias{int(config.epilogue.bias)}"
     return f"skinny-t{config.token_tiles}-s{config.slabs}-w{config.warps}-{config.x_format}-{config.out_dtype}"
 
 
@@ -252,6 +256,11 @@ def test_nvfp4_product_kernels_decode_in_registers_without_spills(case):
         assert "mma" not in ptx
         if config != "float32":  # the global-scale-1 path: pairs reordered by byte permutes
             assert ptx.count("prmt.b32") >= 4
+    elif kernel.__name__ == "W4A16GemmSm90":
+        # the GEMM's pipeline: TMA loads, register-sourced wgmma (A in braces), never serialized
+        assert "cp.async.bulk.tensor" in ptx and not report.wgmma_serialized, report.summary()
+        assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{config.tile_n}k16\.f32\.bf16\.bf16 "
+                         r"\{[^}]*\}, \{%r", ptx), "register-sourced wgmma"
     else:
         assert "cp.async.cg.shared.global" in ptx, "a ring of 16-byte cp.async copies feeds the MMAs"
         kind = "f16.f16" if config.half else "bf16.bf16"

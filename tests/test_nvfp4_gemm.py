@@ -353,3 +353,69 @@ def test_weight_views_follow_the_weight_and_release_it():
     del packed, codes, pairs
     gc.collect()
     assert not G._views
+
+
+# ---------------------------------------------------------------- W4A16, prepared weights
+
+
+PREPARED_SHAPES = [  # (M, N, K): every token tile (16 .. 256, 64- and 128-row weight tiles),
+    # two CTAs per SM (tiles > SMs), N and K tails of the 64 x 128 chunks, M tails
+    (1, 4096, 4096), (3, 136, 128), (16, 1000, 1024), (5, 200, 272), (17, 512, 4112),
+    (32, 9000, 256), (64, 1032, 1024), (100, 704, 384), (128, 256, 2048), (300, 520, 640),
+    (1024, 2048, 1024),
+]
+
+
+@gpu
+@pytest.mark.parametrize("m,n,k", PREPARED_SHAPES)
+@pytest.mark.parametrize("layout", ("plain", "blocked"))
+def test_gemm_w4a16_prepared_matches_float64(m, n, k, layout):
+    packed, scales, w = random_nvfp4(n, k, layout)
+    prepared = ck.nvfp4_prepare_weight(packed, scales, scale_layout=layout)
+    assert isinstance(prepared, ck.NVFP4Weight) and prepared.shape == (n, k)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) + 3.0  # far from zero mean
+    bias = torch.randn(n, device="cuda")
+    for b in (None, bias):
+        out = ck.gemm_w4a16(x, prepared, None, 0.75, bias=b)
+        expected = x.double() @ w.t() * 0.75 + (0 if b is None else b.double())
+        assert out.shape == (m, n) and out.dtype == torch.bfloat16 and not out.isnan().any()
+        bound = torch_error_bound(x, w * 0.75, x.double() @ w.t() * 0.75, torch.bfloat16)
+        bound += 2 ** -7 * bias.abs().max().item()
+        err = (out.double() - expected).abs().max().item()
+        assert err <= bound, f"max error {err:.3e} > {bound:.3e} (bias: {b is not None})"
+
+
+@gpu
+def test_gemm_w4a16_prepared_batch_dims_global_scale_tensor_and_nan():
+    packed, scales, w = random_nvfp4(256, 512)
+    prepared = ck.nvfp4_prepare_weight(packed.view(torch.float4_e2m1fn_x2), scales)
+    x = torch.randn(2, 3, 512, device="cuda", dtype=torch.bfloat16)
+    x[1, 2, 7] = float("nan")
+    g = torch.tensor(0.5, device="cuda")
+    out = ck.gemm_w4a16(x, prepared, None, g)
+    assert out.shape == (2, 3, 256)
+    assert out[1, 2].isnan().all() and not out[:1].isnan().any() and not out[1, :2].isnan().any()
+    expected = x[0].double() @ w.t() * 0.5
+    bound = torch_error_bound(x[0], w * 0.5, expected, torch.bfloat16)
+    assert (out[0].double() - expected).abs().max().item() <= bound
+    # the same product through the packed path agrees
+    same = ck.gemm_w4a16(x[0], packed, scales, 0.5)
+    assert (same.double() - out[0].double()).abs().max().item() <= bound
+    assert ck.gemm_w4a16(x[:, :0], prepared, None).shape == (2, 0, 256)
+
+
+@gpu
+def test_gemm_w4a16_prepared_rejects_bad_arguments_by_name():
+    packed, scales, _ = random_nvfp4(64, 128)
+    prepared = ck.nvfp4_prepare_weight(packed, scales)
+    x = torch.randn(4, 128, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(ck.UnsupportedError, match="w_scales=None"):
+        ck.gemm_w4a16(x, prepared, scales)
+    with pytest.raises(ck.DTypeError, match="x"):
+        ck.gemm_w4a16(x.half(), prepared, None)
+    with pytest.raises(ck.UnsupportedError, match="x must be"):
+        ck.gemm_w4a16(x[:, :64], prepared, None)
+    with pytest.raises(ck.UnsupportedError, match="bias"):
+        ck.gemm_w4a16(x, prepared, None, bias=torch.zeros(63, device="cuda"))
+    with pytest.raises(ck.UnsupportedError, match="multiple of 8"):
+        ck.nvfp4_prepare_weight(packed[:60], scales[:60])

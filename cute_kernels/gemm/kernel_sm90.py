@@ -148,7 +148,8 @@ class GemmSm90:
 
     def _setup(self, a, b, d):
         cfg = self.config
-        self.a_dtype, self.b_dtype, self.d_dtype = a.element_type, b.element_type, d.element_type
+        self.a_dtype, self.b_dtype, self.d_dtype = self.mma_a_dtype(a, b), b.element_type, d.element_type
+        self.a_smem_dtype = a.element_type  # what A's pipeline stages hold (the MMA's A dtype here)
         self.a_layout = tensor_utils.LayoutEnum.from_tensor(a)
         self.b_layout = tensor_utils.LayoutEnum.from_tensor(b)
         self.d_layout = tensor_utils.LayoutEnum.from_tensor(d)
@@ -162,18 +163,21 @@ class GemmSm90:
         self.tiled_mma = sm90_utils.make_trivial_tiled_mma(
             self.a_dtype, self.b_dtype, self.a_layout.sm90_mma_major_mode(),
             self.b_layout.sm90_mma_major_mode(), self.acc_dtype, (1, 1, 1), tiler_mn=(64, mma_n),
+            a_source=self.a_source,
         )
         mma_k = cute.size(self.tiled_mma.shape_mnk, mode=[2])
         self.tile_mnk = (cfg.tile_m, cfg.tile_n, mma_k * cfg.k_blocks)
+        self.a_tiler = self.a_stage_tiler()
         self.cta_layout_mnk = cute.make_layout((*self.cluster_mn, 1))
         self.mcast_a, self.mcast_b = cfg.cluster_n, cfg.cluster_m
         self.epi_tile = (64, min(cfg.epi_n, cfg.tile_n))
         self.epi_buffers = cfg.epi_stages * self.num_mma_wg  # each MMA warpgroup has its own
-        ab_bytes = (cfg.tile_m + cfg.tile_n) * self.tile_mnk[2] * self.a_dtype.width // 8
+        ab_bytes = (self.a_tiler[0] * self.a_tiler[1] * self.a_smem_dtype.width
+                    + cfg.tile_n * self.tile_mnk[2] * self.b_dtype.width) // 8
         epi_bytes = self.epi_tile[0] * self.epi_tile[1] * self.d_dtype.width // 8 * self.epi_buffers
         capacity = SMEM_CAPACITY if cfg.ctas_per_sm == 1 else SMEM_PER_SM // cfg.ctas_per_sm - 1024
         self.ab_stages = (capacity - 1024 - epi_bytes) // ab_bytes
-        self.a_smem_staged = self._smem_layout(self.a_layout, self.a_dtype, (cfg.tile_m, self.tile_mnk[2]))
+        self.a_smem_staged = self.a_stage_layout()
         self.b_smem_staged = self._smem_layout(self.b_layout, self.b_dtype, (cfg.tile_n, self.tile_mnk[2]))
         d_major = self.epi_tile[1] if self.d_layout.is_n_major_c() else self.epi_tile[0]
         d_atom = cute.nvgpu.warpgroup.make_smem_layout_atom(
@@ -183,6 +187,22 @@ class GemmSm90:
             d_atom, cute.append(self.epi_tile, self.epi_buffers),
             order=(1, 0, 2) if self.d_layout.is_m_major_c() else (0, 1, 2),
         )
+
+    # ---- seams for a subclass whose A arrives encoded (NVFP4 weights: quant/nvfp4_w4a16_sm90.py)
+
+    a_source = cute.nvgpu.warpgroup.OperandSource.SMEM  # where the MMA reads A
+
+    def mma_a_dtype(self, a, b):
+        """The MMA's A dtype (A's own element type here)."""
+        return a.element_type
+
+    def a_stage_tiler(self):
+        """(rows, columns) of A's tensor that one pipeline stage loads for one tile."""
+        return (self.config.tile_m, self.tile_mnk[2])
+
+    def a_stage_layout(self):
+        """A's staged shared-memory layout (swizzled for the MMA here)."""
+        return self._smem_layout(self.a_layout, self.a_dtype, self.a_tiler)
 
     def _check_swap(self, *extras):
         """Trace time: a swapped product (``GemmConfig.swap_ab``) has no epilogue operands
@@ -244,7 +264,7 @@ class GemmSm90:
             a, b, d = b, a, _to_blas_order(mD, (2, 1, 0))
         c = _to_blas_order(mC, (1, 2, 0)) if const_expr(mC is not None) else None
         self._setup(a, b, d)
-        tma_a, tma_tensor_a = self._tma_load(a, self.a_smem_staged, (cfg.tile_m, self.tile_mnk[2]), self.mcast_a)
+        tma_a, tma_tensor_a = self._tma_load(a, self.a_smem_staged, self.a_tiler, self.mcast_a)
         tma_b, tma_tensor_b = self._tma_load(b, self.b_smem_staged, (cfg.tile_n, self.tile_mnk[2]), self.mcast_b)
         tma_d, tma_tensor_d = cute.nvgpu.cpasync.make_tiled_tma_atom(
             cute.nvgpu.cpasync.CopyBulkTensorTileS2GOp(), d,
@@ -260,7 +280,7 @@ class GemmSm90:
         @cute.struct
         class Storage:
             barriers: cute.struct.MemRange[cutlass.Int64, self.ab_stages * 2]
-            sA: cute.struct.Align[cute.struct.MemRange[self.a_dtype, cute.cosize(self.a_smem_staged)], 1024]
+            sA: cute.struct.Align[cute.struct.MemRange[self.a_smem_dtype, cute.cosize(self.a_smem_staged)], 1024]
             sB: cute.struct.Align[cute.struct.MemRange[self.b_dtype, cute.cosize(self.b_smem_staged)], 1024]
             sD: cute.struct.Align[cute.struct.MemRange[self.d_dtype, cute.cosize(self.epi_smem_staged)], 1024]
 
@@ -294,7 +314,7 @@ class GemmSm90:
         cluster_coord = cta_layout_mnk.get_flat_coord(rank)
         smem = cutlass.memory.SmemAllocator()
         storage = smem.allocate(self.storage)
-        stage_bytes = cute.size_in_bytes(self.a_dtype, cute.slice_(a_smem_staged, (None, None, 0))) + \
+        stage_bytes = cute.size_in_bytes(self.a_smem_dtype, cute.slice_(a_smem_staged, (None, None, 0))) + \
             cute.size_in_bytes(self.b_dtype, cute.slice_(b_smem_staged, (None, None, 0)))
         # Every warp of the warpgroup(s) that consume a stage releases it, in each CTA it feeds.
         consumers = (self.mcast_a + self.mcast_b - 1) * self.tile_wgs * 4
@@ -311,7 +331,7 @@ class GemmSm90:
         sA = storage.sA.get_tensor(a_smem_staged.outer, swizzle=a_smem_staged.inner)
         sB = storage.sB.get_tensor(b_smem_staged.outer, swizzle=b_smem_staged.inner)
         sD = storage.sD.get_tensor(epi_smem_staged.outer, swizzle=epi_smem_staged.inner)
-        gA = cute.local_tile(mA, cute.slice_(self.tile_mnk, (None, 0, None)), (None, None, None))
+        gA = cute.local_tile(mA, self.a_tiler, (None, None, None))
         gB = cute.local_tile(mB, cute.slice_(self.tile_mnk, (0, None, None)), (None, None, None))
         gD = cute.local_tile(mD, cute.slice_(self.tile_mnk, (None, None, 0)), (None, None, None))
         k_tiles = cute.size(gA, mode=[3])
@@ -449,11 +469,8 @@ class GemmSm90:
         wg = cute.arch.make_warp_uniform(tidx // 128)
         # This warpgroup's block of tile rows (cooperative) and its A operand in every stage.
         row_block = 0 if const_expr(self.pingpong) else wg
-        sA_rows = sA
-        if const_expr(self.tile_wgs > 1):
-            sA_rows = cute.local_tile(sA, (self.wg_rows, self.tile_mnk[2], self.ab_stages), (row_block, 0, 0))
         thr_mma = tiled_mma.get_slice(0)  # the warpgroup's operand descriptors
-        tCrA = tiled_mma.make_fragment_A(thr_mma.partition_A(sA_rows))
+        tCrA = self.a_operand(tiled_mma, sA, row_block, tidx % 128)
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         wg_tile = cute.make_identity_tensor((self.wg_rows, cfg.tile_n))
         acc = cute.make_rmem_tensor(thr_mma.partition_C(wg_tile).shape, self.acc_dtype)
@@ -573,6 +590,14 @@ class GemmSm90:
                                       warp, store_warp, epi_barrier, buffer_base, row_block)
                         tiles_done += 1
         store_pipe.producer_tail()
+
+    def a_operand(self, tiled_mma, sA, row_block, tidx):
+        """The warpgroup's A operand in every stage: MMA descriptors of its block of rows
+        (``tidx``: the thread's index in its warpgroup, for a subclass that reads A itself)."""
+        sA_rows = sA
+        if const_expr(self.tile_wgs > 1):
+            sA_rows = cute.local_tile(sA, (self.wg_rows, self.tile_mnk[2], self.ab_stages), (row_block, 0, 0))
+        return tiled_mma.make_fragment_A(tiled_mma.get_slice(0).partition_A(sA_rows))
 
     @cute.jit
     def mma_k_tiles(self, tiled_mma, acc, mma_acc, tCrA, tCrB, mainloop, read, release, k_first,

@@ -459,7 +459,10 @@ def gemm_w4a16(x, w_fp4, w_scales, w_global_scale=1.0, bias=None, *, scale_layou
         w_global_scale: float or one-element tensor (read on the GPU: no synchronization).
         bias: optional (N,) added in fp32 before the rounding to x's dtype.
 
-    Up to 64 rows of x (decode and small prefill) run the skinny kernel
+    With a prepared weight (``w_fp4`` an :class:`NVFP4Weight` from ``nvfp4_prepare_weight``,
+    ``w_scales`` None) every M runs the tensor-core kernel ``nvfp4_w4a16_sm90``: the GEMM's
+    TMA + wgmma pipeline with the weight decoded in the MMA warpgroups' registers (bf16 x only,
+    eager only). Otherwise up to 64 rows of x (decode and small prefill) run the skinny kernel
     (``nvfp4_skinny_sm90``): the weight streamed once through a cp.async ring and decoded in
     registers, warp-level tensor-core MMAs, CTAs of 4 or 8 warps over 64-256 weight rows sharing
     x, K cut over CTAs where the weight has few rows (``skinny_plan``). More rows decode the
@@ -473,6 +476,8 @@ def gemm_w4a16(x, w_fp4, w_scales, w_global_scale=1.0, bias=None, *, scale_layou
         sums are added atomically, so the last bits may vary from run to run
       - no autograd (weight-only quantization for inference)
     """
+    if isinstance(w_fp4, NVFP4Weight):
+        return _gemm_w4a16_prepared(x, w_fp4, w_scales, w_global_scale, bias)
     key = None
     if not torch.compiler.is_compiling() and isinstance(x, torch.Tensor) and isinstance(
             w_fp4, torch.Tensor) and isinstance(w_scales, torch.Tensor) and x.is_cuda:
@@ -525,6 +530,111 @@ def gemm_w4a16(x, w_fp4, w_scales, w_global_scale=1.0, bias=None, *, scale_layou
     else:  # a scale on the GPU: folded into the decoded weights (one rounding each)
         weight = _decode(w, ws, scale_layout, x.dtype, alpha)[0]
         out = gemm(rows, weight.t(), bias=bias)
+    return out.reshape(*lead, n)
+
+
+class NVFP4Weight:
+    """An NVFP4 weight prepared once for ``gemm_w4a16``'s tensor-core kernel
+    (``nvfp4_prepare_weight``): the same codes and e4m3 scales regrouped into 64-row x
+    128-value chunks in the order the kernel's threads read them (``nvfp4_w4a16_sm90``), N and
+    K padded to those multiples with zeros (about 4% more bytes at N = 64 x 128 x odd)."""
+
+    def __init__(self, data: torch.Tensor, n: int, k: int):
+        self.data, self.n, self.k = data, n, k
+
+    @property
+    def shape(self) -> tuple:
+        return (self.n, self.k)
+
+    @property
+    def device(self):
+        return self.data.device
+
+    def __repr__(self) -> str:
+        return f"NVFP4Weight(n={self.n}, k={self.k}, device={self.data.device})"
+
+
+def nvfp4_prepare_weight(w_fp4, w_scales, *, scale_layout: str = "plain") -> NVFP4Weight:
+    """Regroup an NVFP4 weight (packed codes (N, K / 2), e4m3 scales in either layout) for
+    ``gemm_w4a16``'s tensor-core kernel; exact (the values do not change).
+
+    Constraints:
+      - CUDA; K a multiple of 16; N a multiple of 8 (the kernel's output rows are 16-byte aligned)
+    """
+    _check_layout(scale_layout)
+    w, ws = _check_nvfp4("w_fp4", w_fp4, "w_scales", w_scales, scale_layout, False)
+    n, k = w.shape[1], w.shape[2] * 2
+    if n % 8:
+        raise UnsupportedError(f"nvfp4_prepare_weight needs N (rows of w_fp4) a multiple of 8, "
+                               f"got {describe(w_fp4)}")
+    scales = ws[0]
+    if scale_layout == "blocked":
+        from .formats import from_blocked
+
+        scales = from_blocked(scales, n, k // BLOCK)
+    from .nvfp4_w4a16_sm90 import prepare_weight
+
+    return NVFP4Weight(prepare_weight(w[0], scales.reshape(n, k // BLOCK)), n, k)
+
+
+def w4a16_config(m: int, n: int, sms: int, bias: bool):
+    """The tensor-core W4A16 kernel's configuration for ``m`` rows of x and ``n`` weight rows
+    (direct launches in CUDA graphs on an H200, ``benchmarks/NOTES.md``): 16 .. 256 tokens per
+    tile, 64 weight rows per tile up to 128 tokens (128 beyond); two CTAs per SM where 64 x <= 64
+    tiles outnumber the SMs (decoding is bound by one warpgroup's instruction stream: 1 x 14336
+    x 4096 1372 -> 1872 GB/s, 16 x 28672 x 4096 1395 -> 1876), one where they do not."""
+    from ..gemm.config import Epilogue, GemmConfig
+
+    tile_n = next(t for t in (16, 32, 64, 128, 256) if m <= t or t == 256)
+    tile_m = 64 if m <= 128 else 128
+    tiles = -(-n // tile_m) * -(-m // tile_n)
+    two = tile_m == 64 and tile_n <= 64 and tiles > sms
+    return GemmConfig(tile_m, tile_n, k_blocks=8, ctas_per_sm=2 if two else 1,
+                      epilogue=Epilogue(bias=bias, scalar_scale_a=True, alpha=True))
+
+
+def _w4a16_kernel(cfg):
+    fn = _kernels.get(("w4a16", cfg))
+    if fn is None:
+        from .nvfp4_w4a16_sm90 import W4A16GemmSm90, kernel_specs
+
+        fn = _kernels[("w4a16", cfg)] = get_kernel(W4A16GemmSm90, cfg, kernel_specs(cfg, cfg.epilogue.bias))
+    return fn
+
+
+def _gemm_w4a16_prepared(x, w: NVFP4Weight, w_scales, w_global_scale, bias):
+    """``gemm_w4a16`` with a prepared weight (checks, then the tensor-core kernel)."""
+    from .nvfp4_w4a16_sm90 import DECODE_EXPONENT
+
+    if w_scales is not None:
+        raise UnsupportedError("a prepared weight (NVFP4Weight) carries its scales: pass w_scales=None")
+    check_tensor("x", x, (torch.bfloat16,), w.data)
+    if x.dim() < 1 or x.shape[-1] != w.k:
+        raise UnsupportedError(f"x must be (..., {w.k}) for {w!r}, got {describe(x)}")
+    if bias is not None:
+        check_tensor("bias", bias, (torch.float32, torch.float16, torch.bfloat16), x)
+        if bias.shape != (w.n,):
+            raise UnsupportedError(f"bias must be ({w.n},), got {describe(bias)}")
+    if torch.is_grad_enabled() and x.requires_grad:
+        raise UnsupportedError("gemm_w4a16 has no backward (weight-only NVFP4 is for inference); "
+                               "call it under torch.no_grad() or on a detached x")
+    if torch.compiler.is_compiling():
+        raise UnsupportedError("gemm_w4a16 with a prepared weight runs eagerly only; under "
+                               "torch.compile pass the packed codes and scales")
+    lead, n, k = x.shape[:-1], w.n, w.k
+    m = math.prod(lead)
+    rows = x.reshape(m, k)
+    if rows.stride(-1) != 1 or rows.stride(0) % 8 or rows.data_ptr() % 16:
+        rows = rows.contiguous()
+        if rows.data_ptr() % 16:
+            rows = rows.clone()
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    if m == 0 or n == 0:
+        return out.reshape(*lead, n)
+    cfg = w4a16_config(m, n, _sms(x.device), bias is not None)
+    _w4a16_kernel(cfg)(w.data, rows.t(), out.t(), None, None if bias is None else bias.float(),
+                       _alpha(w_global_scale, x.device), None, None, None, None, None, None, None,
+                       float(2 ** DECODE_EXPONENT), 0.0, 0)
     return out.reshape(*lead, n)
 
 
@@ -718,4 +828,21 @@ def compile_configurations(quick: bool = False):
                         found.append((SkinnyGemmNvfp4Sm90, cfg, _skinny_specs(cfg)))
     for out in DEQUANT_OUT_NAMES:
         found.append((DequantizeNvfp4Sm90, out, _dequantize_specs(out)))
+    found += w4a16_configurations()
     return found[:2] if quick else found
+
+
+def w4a16_configurations():
+    """(kernel, config, specs) of every tensor-core W4A16 configuration ``w4a16_config`` returns
+    (token tiles 16 .. 256, one or two CTAs per SM, with and without a bias)."""
+    from .nvfp4_w4a16_sm90 import W4A16GemmSm90, kernel_specs
+
+    found, seen = [], set()
+    for m in (1, 32, 64, 128, 4096):
+        for n in (1024, 28672):
+            for bias in (False, True):
+                cfg = w4a16_config(m, n, 132, bias)
+                if cfg not in seen:
+                    seen.add(cfg)
+                    found.append((W4A16GemmSm90, cfg, kernel_specs(cfg, bias)))
+    return found

@@ -1,0 +1,256 @@
+"""NVFP4 weights times bf16 activations on the GEMM's own pipeline (TMA + wgmma), for Hopper.
+
+``out = alpha * x @ dequantize(w)^T (+ bias)`` with w prepared once by ``nvfp4_prepare_weight``
+(``prepare_weight`` below: the same codes and e4m3 scales, regrouped). The kernel is
+``GemmSm90`` computing the transposed product, ``out^T = W x^T``: the weight's rows fill the
+MMA's M (64 per MMA warpgroup), the tokens its N (16 .. 256), so a decode step of a few tokens
+and a prefill of thousands run the same kernel with different tiles.
+
+Design:
+  - Prepared weight: per 64-row slab and 128 values of K, one 4608-byte chunk -- 4096 bytes of
+    codes in the order the MMA warpgroup's threads read them (thread t's 16 bytes at 16 t, one
+    32-bit word per k-block of 16, two halves of 4 k-blocks each) and 512 bytes of the slab's
+    e4m3 scales (16 bytes per 4-thread row group: the scales of its rows g and g + 8 for the 8
+    k-blocks). The chunk is one 18 x 256-byte TMA box of a 2-D uint8 tensor (slab lines x K),
+    so the producer warp's A loads are the GEMM's, with its own box.
+  - A word of a k-block holds the 8 codes of one thread's wgmma A fragment (rows g and g + 8,
+    columns 2c, 2c + 1 and 2c + 8, 2c + 9 of the k-block: lane = 4g + c), nibble i the even
+    column and nibble i + 4 the odd one of fragment register i. Decoding it is the skinny
+    kernel's (``nvfp4_skinny_sm90``): each register masked out of the word, one integer multiply
+    placing sign, exponent and mantissa (the bf16 value is the code times 2^-126), one mask,
+    then one ``mul.bf16x2`` by its row's block scale times 2^118: code * scale * 2^-8, exact.
+    The epilogue multiplies by 2^8 and the global scale (``alpha``).
+  - The MMA warpgroups read a stage's codes and scales with three 16-byte shared loads per
+    thread and decode its 8 k-blocks into registers of their own while the previous k-tile's
+    wgmmas run; then they wait for those (they read the A fragment), release their stage, move
+    the decoded values into the A fragment (after the wait: a fragment register rewritten while
+    a wgmma reads it would be corrupted) and issue 8 register-sourced wgmmas against x's
+    swizzled stage (B from shared memory, as the GEMM's).
+  - Everything else is the GEMM's: persistent tiles, stream-K tail, epilogue by TMA stores of
+    ``out^T`` (out's rows are K-contiguous tokens: D is column-major), a bias per weight row.
+
+Constraints:
+  - x bf16, K-contiguous, K a multiple of 8 and N of 8 (16-byte rows of x and out for TMA); the
+    weight prepared by
+    ``prepare_weight`` (N and K padded to 64 rows and 128 values with zero codes and scales)
+  - tile M 64 or 128 (one or two MMA warpgroups of 64 rows), tile N 16 .. 256, 8 k-blocks per
+    stage (one chunk), no clusters, no ping-pong, no fp8 options
+"""
+
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import torch
+from cutlass import Float32, Int32, const_expr
+
+from ..gemm.config import GemmConfig
+from ..gemm.kernel_sm90 import GemmSm90, _load_or
+from .nvfp4_skinny_sm90 import scale_pairs
+
+CHUNK_ROWS = 64  # weight rows per chunk: one MMA warpgroup's M
+CHUNK_K = 128  # values of K per chunk: 8 k-blocks of 16
+CODE_BYTES = CHUNK_ROWS * CHUNK_K // 2  # 4096
+SCALE_BYTES = CHUNK_ROWS * CHUNK_K // 16  # 512
+LINE = 256  # bytes per line of the TMA box
+CHUNK_LINES = (CODE_BYTES + SCALE_BYTES) // LINE  # 18
+DECODE_EXPONENT = 8  # the decoded values are code * scale * 2^-8
+
+
+# ----------------------------------------------------------------------------- host side
+
+
+def prepare_weight(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Plain NVFP4 (N, K / 2) codes and (N, K / 16) e4m3 scales (uint8 views) -> the kernel's
+    chunks, a uint8 (slabs * 18, k_tiles * 256) tensor (module docstring; N padded to 64 rows and
+    K to 128 values with zeros)."""
+    n, half_k = codes.shape
+    k = half_k * 2
+    slabs, tiles = -(-n // CHUNK_ROWS), -(-k // CHUNK_K)
+    c = torch.zeros(slabs * CHUNK_ROWS, tiles * CHUNK_K // 2, dtype=torch.uint8, device=codes.device)
+    c[:n, :half_k] = codes
+    s = torch.zeros(slabs * CHUNK_ROWS, tiles * CHUNK_K // 16, dtype=torch.uint8, device=codes.device)
+    s[:n, :k // 16] = scales
+    # Rows 16 w + 8 h + g of a slab, bytes 8 kb + 4 q + c of a chunk's 64 per row.
+    v = c.view(slabs, 4, 2, 8, tiles, 8, 2, 4).permute(0, 4, 5, 1, 3, 7, 6, 2)
+    v = v.reshape(slabs, tiles, 8, 4, 8, 4, 4).to(torch.int32)  # ..., kb, w, g, c, i = h + 2 q
+    shifts = torch.arange(4, device=codes.device, dtype=torch.int32) * 4
+    words = (((v & 15) << shifts) | ((v >> 4) << (shifts + 16))).sum(-1, dtype=torch.int32)
+    # (slab, tile, half, w, g, c, kb % 4): thread 32 w + 4 g + c's 16 bytes per half.
+    words = words.view(slabs, tiles, 2, 4, 4, 8, 4).permute(0, 1, 2, 4, 5, 6, 3).contiguous()
+    code_bytes = words.view(torch.uint8).reshape(slabs, tiles, CODE_BYTES)
+    sv = s.view(slabs, 4, 2, 8, tiles, 8).permute(0, 4, 1, 3, 5, 2)  # slab, tile, w, g, kb, h
+    scale_bytes = sv.reshape(slabs, tiles, SCALE_BYTES)
+    chunks = torch.cat((code_bytes, scale_bytes), dim=2).view(slabs, tiles, CHUNK_LINES, LINE)
+    return chunks.permute(0, 2, 1, 3).reshape(slabs * CHUNK_LINES, tiles * LINE).contiguous()
+
+
+def unprepare_weight(data: torch.Tensor, n: int, k: int) -> tuple:
+    """The inverse of ``prepare_weight``: (codes (N, K / 2), scales (N, K / 16)), uint8."""
+    slabs, tiles = data.shape[0] // CHUNK_LINES, data.shape[1] // LINE
+    chunks = data.view(slabs, CHUNK_LINES, tiles, LINE).permute(0, 2, 1, 3).reshape(slabs, tiles, -1)
+    words = chunks[..., :CODE_BYTES].contiguous().view(torch.int32).view(slabs, tiles, 2, 4, 8, 4, 4)
+    words = words.permute(0, 1, 2, 6, 3, 4, 5).reshape(slabs, tiles, 8, 4, 8, 4)  # kb, w, g, c
+    shifts = torch.arange(4, device=data.device, dtype=torch.int32) * 4
+    lo = (words.unsqueeze(-1) >> shifts) & 15
+    hi = (words.unsqueeze(-1) >> (shifts + 16)) & 15
+    v = (lo | (hi << 4)).to(torch.uint8)  # slab, tile, kb, w, g, c, i = h + 2 q
+    v = v.view(slabs, tiles, 8, 4, 8, 4, 2, 2).permute(0, 3, 7, 4, 1, 2, 6, 5)
+    codes = v.reshape(slabs * CHUNK_ROWS, tiles * CHUNK_K // 2)
+    sv = chunks[..., CODE_BYTES:].reshape(slabs, tiles, 4, 8, 8, 2).permute(0, 2, 5, 3, 1, 4)
+    scales = sv.reshape(slabs * CHUNK_ROWS, tiles * CHUNK_K // 16)
+    return codes[:n, :k // 2].contiguous(), scales[:n, :k // 16].contiguous()
+
+
+# ----------------------------------------------------------------------------- device side
+
+
+def _decode_rows_ptx() -> str:
+    """PTX: {$r0} a word of 8 codes, {$r1} / {$r2} the scales of rows g and g + 8 (each twice,
+    bf16 times 2^118) -> {$w0..$w3} the four A fragment registers (module docstring)."""
+    lines = ["{ .reg .b32 u, p;", "shr.u32 u, {$r0}, 8;"]
+    for i, (src, mask, factor) in enumerate((("{$r0}", "0x000F000F", "0x1040"),
+                                             ("{$r0}", "0x00F000F0", "0x104"),
+                                             ("u", "0x000F000F", "0x1040"),
+                                             ("u", "0x00F000F0", "0x104"))):
+        scale = "{$r1}" if i % 2 == 0 else "{$r2}"
+        lines.append(f"and.b32 p, {src}, {mask}; mul.lo.u32 p, p, {factor};"
+                     f" and.b32 p, p, 0x81C081C0; mul.rn.bf16x2 {{$w{i}}}, p, {scale};")
+    lines.append("}")
+    return " ".join(lines)
+
+
+_DECODE_ROWS = _decode_rows_ptx()
+
+
+@cute.jit
+def decode_rows(word: Int32, top: Int32, bottom: Int32):
+    """The four scaled A registers of one k-block from its word (module docstring)."""
+    return cute.arch.inline_ptx(_DECODE_ROWS, write_only_types=[Int32] * 4,
+                                read_only_args=[word, top, bottom])
+
+
+@cute.jit
+def load_shared_v4(address: Int32):
+    """Four 32-bit words from 16 aligned bytes of shared memory."""
+    return cute.arch.inline_ptx("ld.shared.v4.b32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];",
+                                write_only_types=[Int32] * 4, read_only_args=[address])
+
+
+@cute.jit
+def _after_wait(value):
+    """A copy of ``value`` made where this call stands in program order (an asm that the
+    compiler does not move across the wgmma wait before it), in a register of its own."""
+    return cute.arch.inline_ptx("mov.b32 {$w0}, {$r0};", write_only_types=[type(value)],
+                                read_only_args=[value])
+
+
+class W4A16GemmSm90(GemmSm90):
+    """See the module docstring. Arguments as ``GemmSm90``'s: A the prepared weight (2-D
+    uint8), B x^T (K, M), D out^T (N, M); ``mBias`` the per-weight-row bias, ``mScaleA`` the
+    global scale (one fp32, ``Epilogue.scalar_scale_a``); alpha 2^8."""
+
+    a_source = cute.nvgpu.warpgroup.OperandSource.RMEM
+
+    def __init__(self, config: GemmConfig):
+        if (config.tile_m not in (64, 128) or config.k_blocks != CHUNK_K // 16 or config.pingpong
+                or config.swap_ab or config.pad_k or config.cluster_m * config.cluster_n != 1
+                or config.fp8_promote_every or config.epilogue_mma or config.warpgroups
+                or not config.epilogue.scalar_scale_a or config.epilogue.row_scale
+                or config.epilogue.col_scale or config.epilogue.residual):
+            raise ValueError(f"unsupported W4A16 configuration {config}: tile M 64 / 128, "
+                             f"{CHUNK_K // 16} k-blocks, no clusters, ping-pong, swap, pad_k or "
+                             f"fp8 options; a scalar scale for A, at most a bias")
+        super().__init__(config)
+
+    def mma_a_dtype(self, a, b):
+        return b.element_type  # the decoded weight: x's dtype
+
+    def a_stage_tiler(self):
+        return (CHUNK_LINES * (self.config.tile_m // CHUNK_ROWS), LINE)
+
+    def a_stage_layout(self):
+        lines = self.a_tiler[0]
+        plain = cute.make_layout((lines, LINE, self.ab_stages), stride=(LINE, 1, lines * LINE))
+        return cute.make_composed_layout(cute.make_swizzle(0, 4, 3), 0, plain)  # no swizzle
+
+    def a_operand(self, tiled_mma, sA, row_block, tidx):
+        """(the A fragment of one k-tile, this thread's code and scale addresses in stage 0)."""
+        frag = tiled_mma.make_fragment_A(
+            tiled_mma.get_slice(0).partition_shape_A((CHUNK_ROWS, self.tile_mnk[2])))
+        chunk = Int32((sA.iterator + cute.crd2idx((row_block * CHUNK_LINES, 0, 0), sA.layout)).toint())
+        return frag, chunk + tidx * 16, chunk + CODE_BYTES + (tidx // 4) * 16
+
+    @cute.jit
+    def mma_k_tiles(self, tiled_mma, acc, mma_acc, tCrA, tCrB, mainloop, read, release, k_first,
+                    k_end, k_tiles, zero: cutlass.Constexpr = True, hand_over=None,
+                    nonempty: cutlass.Constexpr = False):
+        """``acc`` (+)= the MMAs over k-tiles ``k_first .. k_end - 1`` (module docstring)."""
+        frag, codes, scales = tCrA
+        regs = cute.recast_tensor(frag, Int32)
+        if const_expr(zero):
+            acc.fill(0.0)
+        tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+        decoded = cute.make_rmem_tensor((cute.size(regs),), Int32)
+        for k in range(k_first, k_end):
+            mainloop.consumer_wait(read)
+            offset = read.index * const_expr(self.a_tiler[0] * LINE)
+            low = load_shared_v4(codes + offset)
+            high = load_shared_v4(codes + offset + CODE_BYTES // 2)
+            pairs = load_shared_v4(scales + offset)
+            for kb in cutlass.range_constexpr(8):  # under the previous k-tile's MMAs
+                word = low[kb] if const_expr(kb < 4) else high[kb - 4]
+                r = self.a_registers(word, pairs[kb // 2], kb % 2)
+                for i in cutlass.range_constexpr(4):
+                    decoded[4 * kb + i] = r[i]
+            cute.nvgpu.warpgroup.wait_group(0)
+            if k > k_first:
+                mainloop.consumer_release(release)
+                release.advance()
+            for i in cutlass.range_constexpr(cute.size(regs)):  # moved only after the wait
+                regs[i] = _after_wait(decoded[i])
+            cute.nvgpu.warpgroup.fence()
+            for kb in cutlass.range_constexpr(8):
+                cute.gemm(tiled_mma, acc, frag[(None, None, kb)], tCrB[(None, None, kb, read.index)], acc)
+            cute.nvgpu.warpgroup.commit_group()
+            read.advance()
+        cute.nvgpu.warpgroup.wait_group(0)
+        if k_end > k_first:
+            mainloop.consumer_release(release)
+            release.advance()
+        return tiled_mma, read, release
+
+    @cute.jit
+    def a_registers(self, word: Int32, scale_word: Int32, half: cutlass.Constexpr):
+        """The four A registers of one k-block: its word of codes decoded, times the scales of
+        rows g and g + 8 (bytes 2 half and 2 half + 1 of ``scale_word``)."""
+        top, bottom = scale_pairs(scale_word, Int32(16 * half), False)
+        return decode_rows(word, top, bottom)
+
+    def _apply_operands(self, frag, coords, offset, row_scales, mC, mBias, mScaleA, mScaleB,
+                        alpha: Float32, beta: Float32, row0, col0, rows, cols, l):
+        """frag[v] <- alpha * frag[v] + bias[row] (the bias is per weight row: a row of D)."""
+        base_r, _ = coords.iterator
+        for v in range(cute.size(frag)):
+            r, _ = coords.layout(offset + v)
+            if r not in row_scales:  # the thread's bias values of the tile, read once
+                row = row0 + base_r + r
+                row_scales[r] = _load_or(mBias, (row,), row < rows, 0.0)
+            frag[v] = frag[v] * alpha + row_scales[r]
+
+
+def kernel_specs(config: GemmConfig, bias: bool) -> tuple:
+    """The kernel's argument specs (``GemmSm90``'s order): prepared weight, x^T, out^T, bias
+    (fp32, per weight row) where ``bias``, the global scale, the stream-K workspace and flags
+    where ``config.stream_k``."""
+    from ..runtime import ScalarSpec, StreamSpec, Sym, TensorSpec
+
+    free = lambda dtype, width: TensorSpec(dtype, (Sym(),), (Sym(),), width)  # noqa: E731
+    return (TensorSpec.rowmajor("uint8", (Sym(), Sym()), 16),
+            TensorSpec("bfloat16", (Sym(), Sym()), (1, Sym(divisibility=8)), 16),
+            TensorSpec("bfloat16", (Sym(), Sym()), (1, Sym(divisibility=8)), 16),
+            None, free("float32", 4) if bias else None, free("float32", 4), None, None, None,
+            TensorSpec("float32", (Sym(),), (1,), 16) if config.stream_k else None,
+            TensorSpec("int64", (Sym(),), (1,), 8) if config.stream_k else None,
+            None, None, ScalarSpec("float32"), ScalarSpec("float32"), ScalarSpec("int64"),
+            StreamSpec())

@@ -1,0 +1,102 @@
+"""The prepared NVFP4 weight layout of the W4A16 wgmma kernel (CPU): round trips, and the
+kernel's register decode emulated bit for bit against the reference dequantization."""
+
+import numpy as np
+import pytest
+import torch
+
+from cute_kernels.quant.formats import nvfp4_dequantize_ref, nvfp4_quantize_ref
+from cute_kernels.quant.nvfp4_w4a16_sm90 import (
+    CHUNK_LINES,
+    CODE_BYTES,
+    LINE,
+    prepare_weight,
+    unprepare_weight,
+)
+
+
+def _random_nvfp4(n, k, seed):
+    g = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
+    scales = torch.randint(0, 256, (n, k // 16), dtype=torch.uint8, generator=g)
+    scales[scales & 0x7F == 0x7F] = 0x38  # no NaN scales here (1.0 instead)
+    return codes, scales
+
+
+@pytest.mark.parametrize("n,k", [(64, 128), (1, 16), (100, 272), (130, 4096), (64, 144)])
+def test_prepare_round_trip_and_padding(n, k):
+    codes, scales = _random_nvfp4(n, k, n + k)
+    data = prepare_weight(codes, scales)
+    slabs, tiles = -(-n // 64), -(-k // 128)
+    assert data.shape == (slabs * CHUNK_LINES, tiles * LINE) and data.dtype == torch.uint8
+    back_codes, back_scales = unprepare_weight(data, n, k)
+    assert torch.equal(back_codes, codes) and torch.equal(back_scales, scales)
+    # the padding is zeros: the same as preparing the weight padded with zero codes and scales
+    padded_codes = torch.zeros(slabs * 64, tiles * 64, dtype=torch.uint8)
+    padded_codes[:n, :k // 2] = codes
+    padded_scales = torch.zeros(slabs * 64, tiles * 8, dtype=torch.uint8)
+    padded_scales[:n, :k // 16] = scales
+    assert torch.equal(prepare_weight(padded_codes, padded_scales), data)
+
+
+def _bf16(bits):
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def _decode_word(word, s_top, s_bottom):
+    """The kernel's decode (``_decode_rows_ptx``) in numpy: four registers of two bf16."""
+    u = word >> np.uint32(8)
+    out = []
+    for i, (src, mask, factor) in enumerate(((word, 0x000F000F, 0x1040), (word, 0x00F000F0, 0x104),
+                                             (u, 0x000F000F, 0x1040), (u, 0x00F000F0, 0x104))):
+        p = ((src & np.uint32(mask)) * np.uint32(factor)) & np.uint32(0x81C081C0)
+        scale = s_top if i % 2 == 0 else s_bottom
+        lo, hi = _bf16(p & np.uint32(0xFFFF)), _bf16(p >> np.uint32(16))
+        out.append((lo * scale, hi * scale))  # exact products (bf16 mul.rn of exact values)
+    return out
+
+
+def _e4m3(byte):
+    return torch.tensor([byte], dtype=torch.uint8).view(torch.float8_e4m3fn).float().item()
+
+
+def test_kernel_fragments_decode_to_the_reference():
+    """Thread t of the MMA warpgroup, k-block kb: its word and scales as the kernel reads them
+    (16 bytes at 16 t per half, 16 scale bytes at 4096 + 16 (t / 4)), decoded as the kernel
+    does, land at the wgmma A fragment's (row, column) positions; the matrix they form is the
+    reference dequantization (times 2^-8)."""
+    n, k = 64, 256
+    x = torch.randn(n, k) * 3
+    codes, scales, _ = nvfp4_quantize_ref(x, torch.tensor(1.0))
+    ref = nvfp4_dequantize_ref(codes, scales, torch.tensor(1.0)).double().numpy()
+    data = prepare_weight(codes, scales.view(torch.uint8)).numpy()
+    chunks = data.reshape(1, CHUNK_LINES, -1, LINE).transpose(0, 2, 1, 3).reshape(1, -1, CHUNK_LINES * LINE)
+    got = np.full((n, k), np.nan)
+    for tile in range(chunks.shape[1]):
+        chunk = chunks[0, tile]
+        for t in range(128):
+            w, lane = t // 32, t % 32
+            g, c = lane // 4, lane % 4
+            scale_bytes = chunk[CODE_BYTES + 16 * (t // 4):CODE_BYTES + 16 * (t // 4) + 16]
+            for kb in range(8):
+                half, j = kb // 4, kb % 4
+                word = chunk[half * 2048 + 16 * t + 4 * j:half * 2048 + 16 * t + 4 * j + 4].view(np.uint32)[0]
+                top = _e4m3(int(scale_bytes[2 * kb])) * 2.0 ** 118
+                bottom = _e4m3(int(scale_bytes[2 * kb + 1])) * 2.0 ** 118
+                regs = _decode_word(np.uint32(word), top, bottom)
+                for i, (lo, hi) in enumerate(regs):
+                    h, q = i % 2, i // 2
+                    row, col = 16 * w + 8 * h + g, 128 * tile + 16 * kb + 8 * q + 2 * c
+                    got[row, col], got[row, col + 1] = lo * 2.0 ** 8, hi * 2.0 ** 8
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_prepare_weight_checks_arguments_before_any_kernel():
+    import cute_kernels as ck
+
+    packed = torch.zeros(64, 64, dtype=torch.uint8)
+    scales = torch.zeros(64, 8, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ck.DeviceError, match="w_fp4"):
+        ck.nvfp4_prepare_weight(packed, scales)
+    with pytest.raises(ck.UnsupportedError, match="scale_layout"):
+        ck.nvfp4_prepare_weight(packed, scales, scale_layout="swizzled")
