@@ -15,7 +15,8 @@ Rows (the ``cublas`` peer is what a torch user calls instead):
   - ``gemm_w4a16``: bf16 activations times NVFP4 weights. Up to 64 rows: effective GB/s over
     the weight and scale bytes (every peer is counted on the same bytes, so the ratios are
     time ratios), against quack's ``gemm_w4a16`` (nvfp4, its repacked weights) and cuBLAS bf16 on
-    the dequantized weights; larger M in TFLOP/s.
+    the dequantized weights; larger M in TFLOP/s. ``gemm_w4a16_prepared`` rows: the same calls
+    with the weight prepared once (``nvfp4_prepare_weight``: the GEMM's TMA + wgmma kernel).
   - ``gemm_nvfp4``: both operands NVFP4, fp16 out (the public NVFP4 problems), TFLOP/s, against
     dequantizing both operands in torch and cuBLAS bf16 (the problems' torch baseline).
 
@@ -124,13 +125,14 @@ def w4a16_rows(results, shapes):
             x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
             dense = ck.nvfp4_dequantize(packed, scales, 1.0)
             extra = quack[1](packed, scales, "nvfp4") if quack else (None, None)
-            return x, packed, scales, dense, *extra
+            return x, packed, scales, dense, ck.nvfp4_prepare_weight(packed, scales), *extra
 
         sets = make_input_sets(make, weight_bytes + n * k * 2)
-        fns = {"ours": lambda x, p, s, d, qb, qs: ck.gemm_w4a16(x, p, s),
-               "cublas": lambda x, p, s, d, qb, qs: torch.matmul(x, d.t())}
-        if quack and usable(lambda x, p, s, d, qb, qs: quack[0](x, qb, qs, wformat="nvfp4"), *sets[0]):
-            fns["quack"] = lambda x, p, s, d, qb, qs: quack[0](x, qb, qs, wformat="nvfp4")
+        fns = {"ours": lambda x, p, s, d, w, qb, qs: ck.gemm_w4a16(x, p, s),
+               "ours_prepared": lambda x, p, s, d, w, qb, qs: ck.gemm_w4a16(x, w, None),
+               "cublas": lambda x, p, s, d, w, qb, qs: torch.matmul(x, d.t())}
+        if quack and usable(lambda x, p, s, d, w, qb, qs: quack[0](x, qb, qs, wformat="nvfp4"), *sets[0]):
+            fns["quack"] = lambda x, p, s, d, w, qb, qs: quack[0](x, qb, qs, wformat="nvfp4")
         with torch.no_grad():
             ms = bench_many(fns, sets, rounds=ROUNDS)
         if m <= 64:
@@ -139,7 +141,10 @@ def w4a16_rows(results, shapes):
         else:
             rates = {key: tflops(2 * m * n * k, v) for key, v in ms.items()}
             unit = "TFLOPs"
-        results.add("quant", "gemm_w4a16", (m, n, k), "bfloat16", unit, rates.pop("ours"), rates)
+        packed_rate, prepared_rate = rates.pop("ours"), rates.pop("ours_prepared")
+        results.add("quant", "gemm_w4a16", (m, n, k), "bfloat16", unit, packed_rate, rates)
+        # the weight prepared once (nvfp4_prepare_weight): the GEMM's TMA + wgmma pipeline
+        results.add("quant", "gemm_w4a16_prepared", (m, n, k), "bfloat16", unit, prepared_rate, rates)
 
 
 def nvfp4_gemm_rows(results, shapes):

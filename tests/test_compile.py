@@ -246,7 +246,9 @@ def test_nvfp4_product_kernels_decode_in_registers_without_spills(case):
     report = inspect_kernel(kernel, config, specs, arch="sm_90a")
     ptx = report.ptx
     assert not report.local_memory, f"local memory / spills: {report.summary()}"
-    assert "e2m1" not in ptx and "cvt.rn.f16x2.e4m3x2" in ptx
+    assert "e2m1" not in ptx
+    if kernel.__name__ != "W4A16GemmSm90":  # its prepared weight holds bf16 scales
+        assert "cvt.rn.f16x2.e4m3x2" in ptx
     multiply = "mul.rn.f16x2" if getattr(config, "half", False) else "mul.rn.bf16x2"
     assert multiply in ptx
     if kernel.__name__ == "DequantizeNvfp4Sm90":

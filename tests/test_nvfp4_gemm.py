@@ -383,6 +383,7 @@ def test_gemm_w4a16_prepared_matches_float64(m, n, k, layout):
         bound += 2 ** -7 * bias.abs().max().item()
         err = (out.double() - expected).abs().max().item()
         assert err <= bound, f"max error {err:.3e} > {bound:.3e} (bias: {b is not None})"
+        assert torch.equal(ck.gemm_w4a16(x, prepared, None, 0.75, bias=b), out)  # the launch plan
 
 
 @gpu
@@ -402,6 +403,22 @@ def test_gemm_w4a16_prepared_batch_dims_global_scale_tensor_and_nan():
     same = ck.gemm_w4a16(x[0], packed, scales, 0.5)
     assert (same.double() - out[0].double()).abs().max().item() <= bound
     assert ck.gemm_w4a16(x[:, :0], prepared, None).shape == (2, 0, 256)
+
+
+@gpu
+def test_gemm_w4a16_prepared_nan_scales_and_zero_blocks():
+    packed, scales, w = random_nvfp4(192, 384, nan_scales=True)
+    scales.view(torch.uint8)[5, :] = 0  # a row of zero scales over nonzero codes
+    w[5] = 0.0
+    prepared = ck.nvfp4_prepare_weight(packed, scales)
+    x = torch.randn(16, 384, device="cuda", dtype=torch.bfloat16)
+    out = ck.gemm_w4a16(x, prepared, None).double()
+    expected = x.double() @ w.t()
+    assert torch.equal(out.isnan(), expected.isnan()) and expected.isnan().any()
+    ok = ~expected.isnan()
+    bound = torch_error_bound(x, w.nan_to_num(), expected.nan_to_num(), torch.bfloat16)
+    assert (out[ok] - expected[ok]).abs().max().item() <= bound
+    assert (out[:, 5] == 0).all()
 
 
 @gpu

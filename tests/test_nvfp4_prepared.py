@@ -19,7 +19,7 @@ def _random_nvfp4(n, k, seed):
     g = torch.Generator().manual_seed(seed)
     codes = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
     scales = torch.randint(0, 256, (n, k // 16), dtype=torch.uint8, generator=g)
-    scales[scales & 0x7F == 0x7F] = 0x38  # no NaN scales here (1.0 instead)
+    scales[scales & 0x7F == 0x7F] = 0x38  # no NaN scales here (they come back as 0x7F)
     return codes, scales
 
 
@@ -56,13 +56,10 @@ def _decode_word(word, s_top, s_bottom):
     return out
 
 
-def _e4m3(byte):
-    return torch.tensor([byte], dtype=torch.uint8).view(torch.float8_e4m3fn).float().item()
-
-
 def test_kernel_fragments_decode_to_the_reference():
     """Thread t of the MMA warpgroup, k-block kb: its word and scales as the kernel reads them
-    (16 bytes at 16 t per half, 16 scale bytes at 4096 + 16 (t / 4)), decoded as the kernel
+    (16 bytes at 16 t per half, two bf16 scales per k-block at 4096 + 512 half + 16 (t / 4)),
+    decoded as the kernel
     does, land at the wgmma A fragment's (row, column) positions; the matrix they form is the
     reference dequantization (times 2^-8)."""
     n, k = 64, 256
@@ -77,12 +74,11 @@ def test_kernel_fragments_decode_to_the_reference():
         for t in range(128):
             w, lane = t // 32, t % 32
             g, c = lane // 4, lane % 4
-            scale_bytes = chunk[CODE_BYTES + 16 * (t // 4):CODE_BYTES + 16 * (t // 4) + 16]
             for kb in range(8):
                 half, j = kb // 4, kb % 4
                 word = chunk[half * 2048 + 16 * t + 4 * j:half * 2048 + 16 * t + 4 * j + 4].view(np.uint32)[0]
-                top = _e4m3(int(scale_bytes[2 * kb])) * 2.0 ** 118
-                bottom = _e4m3(int(scale_bytes[2 * kb + 1])) * 2.0 ** 118
+                at = CODE_BYTES + half * 512 + 16 * (t // 4) + 4 * j  # the k-block's two bf16 scales
+                top, bottom = _bf16(chunk[at:at + 4].view(np.uint16).astype(np.uint32))
                 regs = _decode_word(np.uint32(word), top, bottom)
                 for i, (lo, hi) in enumerate(regs):
                     h, q = i % 2, i // 2

@@ -470,7 +470,7 @@ class GemmSm90:
         # This warpgroup's block of tile rows (cooperative) and its A operand in every stage.
         row_block = 0 if const_expr(self.pingpong) else wg
         thr_mma = tiled_mma.get_slice(0)  # the warpgroup's operand descriptors
-        tCrA = self.a_operand(tiled_mma, sA, row_block, tidx % 128)
+        tCrA = self.a_operand(tiled_mma, sA, sD, row_block, tidx % 128)
         tCrB = tiled_mma.make_fragment_B(thr_mma.partition_B(sB))
         wg_tile = cute.make_identity_tensor((self.wg_rows, cfg.tile_n))
         acc = cute.make_rmem_tensor(thr_mma.partition_C(wg_tile).shape, self.acc_dtype)
@@ -591,9 +591,10 @@ class GemmSm90:
                         tiles_done += 1
         store_pipe.producer_tail()
 
-    def a_operand(self, tiled_mma, sA, row_block, tidx):
+    def a_operand(self, tiled_mma, sA, sD, row_block, tidx):
         """The warpgroup's A operand in every stage: MMA descriptors of its block of rows
-        (``tidx``: the thread's index in its warpgroup, for a subclass that reads A itself)."""
+        (``tidx``: the thread's index in its warpgroup, and ``sD``, the epilogue's buffers, for
+        a subclass that reads A itself and exchanges partial sums between its warpgroups)."""
         sA_rows = sA
         if const_expr(self.tile_wgs > 1):
             sA_rows = cute.local_tile(sA, (self.wg_rows, self.tile_mnk[2], self.ab_stages), (row_block, 0, 0))

@@ -580,16 +580,18 @@ def nvfp4_prepare_weight(w_fp4, w_scales, *, scale_layout: str = "plain") -> NVF
 def w4a16_config(m: int, n: int, sms: int, bias: bool):
     """The tensor-core W4A16 kernel's configuration for ``m`` rows of x and ``n`` weight rows
     (direct launches in CUDA graphs on an H200, ``benchmarks/NOTES.md``): 16 .. 256 tokens per
-    tile, 64 weight rows per tile up to 128 tokens (128 beyond); two CTAs per SM where 64 x <= 64
-    tiles outnumber the SMs (decoding is bound by one warpgroup's instruction stream: 1 x 14336
-    x 4096 1372 -> 1872 GB/s, 16 x 28672 x 4096 1395 -> 1876), one where they do not."""
+    tile, 64 weight rows per tile up to 128 tokens (128 beyond). A 64-row tile's decode is bound
+    by its warpgroup's instruction stream, so SMs get two warpgroups where they can: two CTAs
+    per SM where the tiles outnumber the SMs (1 x 14336 x 4096: 1624 -> 2054 GB/s), else two
+    MMA warpgroups splitting each tile's K (16 x 8192^2: 2118 -> 2255 GB/s)."""
     from ..gemm.config import Epilogue, GemmConfig
 
     tile_n = next(t for t in (16, 32, 64, 128, 256) if m <= t or t == 256)
     tile_m = 64 if m <= 128 else 128
     tiles = -(-n // tile_m) * -(-m // tile_n)
-    two = tile_m == 64 and tile_n <= 64 and tiles > sms
-    return GemmConfig(tile_m, tile_n, k_blocks=8, ctas_per_sm=2 if two else 1,
+    narrow = tile_m == 64 and tile_n <= 64
+    return GemmConfig(tile_m, tile_n, k_blocks=8, ctas_per_sm=2 if narrow and tiles > sms else 1,
+                      warpgroups=2 if narrow and tiles <= sms else 0,
                       epilogue=Epilogue(bias=bias, scalar_scale_a=True, alpha=True))
 
 
@@ -603,7 +605,24 @@ def _w4a16_kernel(cfg):
 
 
 def _gemm_w4a16_prepared(x, w: NVFP4Weight, w_scales, w_global_scale, bias):
-    """``gemm_w4a16`` with a prepared weight (checks, then the tensor-core kernel)."""
+    """``gemm_w4a16`` with a prepared weight (checks, then the tensor-core kernel; a checked
+    signature keeps a launch plan)."""
+    key = None
+    if isinstance(x, torch.Tensor) and x.is_cuda and w_scales is None and not torch.compiler.is_compiling():
+        key = ("w4a16_prepared", _meta(x), x.device, id(w), w.data.data_ptr(), _meta(bias),
+               w_global_scale if isinstance(w_global_scale, (int, float)) else "tensor",
+               _stream(x.device))
+        plan = _plans.get(key)
+        if plan is not None and x.data_ptr() % 16 == 0 and not (x.requires_grad and torch.is_grad_enabled()):
+            return plan(x, w, w_global_scale, bias)
+    out, plan = _w4a16_prepared_checked(x, w, w_scales, w_global_scale, bias)
+    if key is not None and plan is not None and len(_plans) < _PLAN_LIMIT:
+        _plans[key] = plan
+    return out
+
+
+def _w4a16_prepared_checked(x, w: NVFP4Weight, w_scales, w_global_scale, bias):
+    """(out, a launch plan for this signature or None)."""
     from .nvfp4_w4a16_sm90 import DECODE_EXPONENT
 
     if w_scales is not None:
@@ -630,12 +649,22 @@ def _gemm_w4a16_prepared(x, w: NVFP4Weight, w_scales, w_global_scale, bias):
             rows = rows.clone()
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
-        return out.reshape(*lead, n)
-    cfg = w4a16_config(m, n, _sms(x.device), bias is not None)
-    _w4a16_kernel(cfg)(w.data, rows.t(), out.t(), None, None if bias is None else bias.float(),
-                       _alpha(w_global_scale, x.device), None, None, None, None, None, None, None,
-                       float(2 ** DECODE_EXPONENT), 0.0, 0)
-    return out.reshape(*lead, n)
+        return out.reshape(*lead, n), None
+    fn = _w4a16_kernel(w4a16_config(m, n, _sms(x.device), bias is not None))
+    decode = float(2 ** DECODE_EXPONENT)
+    fn(w.data, rows.t(), out.t(), None, None if bias is None else bias.float(),
+       _alpha(w_global_scale, x.device), None, None, None, None, None, None, None, decode, 0.0, 0)
+    if rows is not x and rows.data_ptr() != x.data_ptr():
+        return out.reshape(*lead, n), None  # x was copied: no plan
+    constant = _alpha(w_global_scale, x.device) if isinstance(w_global_scale, (int, float)) else None
+
+    def run(x, w, g, bias):
+        out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+        fn(w.data, x.view(m, k).t(), out.t(), None, None if bias is None else bias.float(),
+           constant if constant is not None else _alpha(g, x.device), None, None, None, None,
+           None, None, None, decode, 0.0, 0)
+        return out.view(*lead, n)
+    return out.reshape(*lead, n), run
 
 
 def gemm_nvfp4(a, b, sfa, sfb, *, alpha=1.0, scale_layout: str = "plain",
@@ -839,7 +868,7 @@ def w4a16_configurations():
 
     found, seen = [], set()
     for m in (1, 32, 64, 128, 4096):
-        for n in (1024, 28672):
+        for n in (1024, 28672):  # few tiles (split K), many (two CTAs per SM)
             for bias in (False, True):
                 cfg = w4a16_config(m, n, 132, bias)
                 if cfg not in seen:

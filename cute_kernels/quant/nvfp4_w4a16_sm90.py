@@ -1,26 +1,30 @@
 """NVFP4 weights times bf16 activations on the GEMM's own pipeline (TMA + wgmma), for Hopper.
 
 ``out = alpha * x @ dequantize(w)^T (+ bias)`` with w prepared once by ``nvfp4_prepare_weight``
-(``prepare_weight`` below: the same codes and e4m3 scales, regrouped). The kernel is
+(``prepare_weight`` below: the same codes, regrouped, and the e4m3 scales as bf16). The kernel is
 ``GemmSm90`` computing the transposed product, ``out^T = W x^T``: the weight's rows fill the
 MMA's M (64 per MMA warpgroup), the tokens its N (16 .. 256), so a decode step of a few tokens
 and a prefill of thousands run the same kernel with different tiles.
 
 Design:
-  - Prepared weight: per 64-row slab and 128 values of K, one 4608-byte chunk -- 4096 bytes of
+  - Prepared weight: per 64-row slab and 128 values of K, one 5120-byte chunk -- 4096 bytes of
     codes in the order the MMA warpgroup's threads read them (thread t's 16 bytes at 16 t, one
-    32-bit word per k-block of 16, two halves of 4 k-blocks each) and 512 bytes of the slab's
-    e4m3 scales (16 bytes per 4-thread row group: the scales of its rows g and g + 8 for the 8
-    k-blocks). The chunk is one 18 x 256-byte TMA box of a 2-D uint8 tensor (slab lines x K),
-    so the producer warp's A loads are the GEMM's, with its own box.
+    32-bit word per k-block of 16, two halves of 4 k-blocks each) and 1024 bytes of the slab's
+    block scales as bf16 times 2^118 (exact for every e4m3 value, NaN included; two halves of
+    16 bytes per 4-thread row group: the scales of its rows g and g + 8 for 4 k-blocks each).
+    The scales take twice their e4m3 bytes (11% more bytes in all) so that a k-block's two
+    scale registers are two byte permutes instead of ~10 conversions: the kernel is bound by
+    its instruction stream, not by memory. The chunk is one 20 x 256-byte TMA box of a 2-D
+    uint8 tensor (slab lines x K), so the producer warp's A loads are the GEMM's, with its box.
   - A word of a k-block holds the 8 codes of one thread's wgmma A fragment (rows g and g + 8,
     columns 2c, 2c + 1 and 2c + 8, 2c + 9 of the k-block: lane = 4g + c), nibble i the even
     column and nibble i + 4 the odd one of fragment register i. Decoding it is the skinny
     kernel's (``nvfp4_skinny_sm90``): each register masked out of the word, one integer multiply
     placing sign, exponent and mantissa (the bf16 value is the code times 2^-126), one mask,
-    then one ``mul.bf16x2`` by its row's block scale times 2^118: code * scale * 2^-8, exact.
+    then one ``mul.bf16x2`` by its row's block scale times 2^118 (its bf16 pair, twice, by one
+    byte permute): code * scale * 2^-8, exact.
     The epilogue multiplies by 2^8 and the global scale (``alpha``).
-  - The MMA warpgroups read a stage's codes and scales with three 16-byte shared loads per
+  - The MMA warpgroups read a stage's codes and scales with four 16-byte shared loads per
     thread and decode its 8 k-blocks into registers of their own while the previous k-tile's
     wgmmas run; then they wait for those (they read the A fragment), release their stage, move
     the decoded values into the A fragment (after the wait: a fragment register rewritten while
@@ -39,6 +43,8 @@ Constraints:
 
 from __future__ import annotations
 
+import dataclasses
+
 import cutlass
 import cutlass.cute as cute
 import torch
@@ -46,14 +52,15 @@ from cutlass import Float32, Int32, const_expr
 
 from ..gemm.config import GemmConfig
 from ..gemm.kernel_sm90 import GemmSm90, _load_or
-from .nvfp4_skinny_sm90 import scale_pairs
+from ..primitives.named_barriers import GemmBarrier
 
 CHUNK_ROWS = 64  # weight rows per chunk: one MMA warpgroup's M
 CHUNK_K = 128  # values of K per chunk: 8 k-blocks of 16
 CODE_BYTES = CHUNK_ROWS * CHUNK_K // 2  # 4096
-SCALE_BYTES = CHUNK_ROWS * CHUNK_K // 16  # 512
+SCALE_BYTES = CHUNK_ROWS * CHUNK_K // 16 * 2  # 1024: bf16 scales
 LINE = 256  # bytes per line of the TMA box
-CHUNK_LINES = (CODE_BYTES + SCALE_BYTES) // LINE  # 18
+CHUNK_LINES = (CODE_BYTES + SCALE_BYTES) // LINE  # 20
+SCALE_FACTOR = 2.0 ** 118  # the prepared scales' factor (the decoded codes carry 2^-126)
 DECODE_EXPONENT = 8  # the decoded values are code * scale * 2^-8
 
 
@@ -62,7 +69,7 @@ DECODE_EXPONENT = 8  # the decoded values are code * scale * 2^-8
 
 def prepare_weight(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """Plain NVFP4 (N, K / 2) codes and (N, K / 16) e4m3 scales (uint8 views) -> the kernel's
-    chunks, a uint8 (slabs * 18, k_tiles * 256) tensor (module docstring; N padded to 64 rows and
+    chunks, a uint8 (slabs * 20, k_tiles * 256) tensor (module docstring; N padded to 64 rows and
     K to 128 values with zeros)."""
     n, half_k = codes.shape
     k = half_k * 2
@@ -79,14 +86,17 @@ def prepare_weight(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     # (slab, tile, half, w, g, c, kb % 4): thread 32 w + 4 g + c's 16 bytes per half.
     words = words.view(slabs, tiles, 2, 4, 4, 8, 4).permute(0, 1, 2, 4, 5, 6, 3).contiguous()
     code_bytes = words.view(torch.uint8).reshape(slabs, tiles, CODE_BYTES)
-    sv = s.view(slabs, 4, 2, 8, tiles, 8).permute(0, 4, 1, 3, 5, 2)  # slab, tile, w, g, kb, h
-    scale_bytes = sv.reshape(slabs, tiles, SCALE_BYTES)
+    wide = (s.view(torch.float8_e4m3fn).float() * SCALE_FACTOR).to(torch.bfloat16).view(torch.uint16)
+    # (slab, tile, half, w, g, kb % 4, h): a row group's 4 k-blocks of a half in 16 bytes
+    sv = wide.view(slabs, 4, 2, 8, tiles, 2, 4).permute(0, 4, 5, 1, 3, 6, 2)
+    scale_bytes = sv.contiguous().view(torch.uint8).reshape(slabs, tiles, SCALE_BYTES)
     chunks = torch.cat((code_bytes, scale_bytes), dim=2).view(slabs, tiles, CHUNK_LINES, LINE)
     return chunks.permute(0, 2, 1, 3).reshape(slabs * CHUNK_LINES, tiles * LINE).contiguous()
 
 
 def unprepare_weight(data: torch.Tensor, n: int, k: int) -> tuple:
-    """The inverse of ``prepare_weight``: (codes (N, K / 2), scales (N, K / 16)), uint8."""
+    """The inverse of ``prepare_weight``: (codes (N, K / 2), scales (N, K / 16)), uint8 (a NaN
+    scale comes back as 0x7F)."""
     slabs, tiles = data.shape[0] // CHUNK_LINES, data.shape[1] // LINE
     chunks = data.view(slabs, CHUNK_LINES, tiles, LINE).permute(0, 2, 1, 3).reshape(slabs, tiles, -1)
     words = chunks[..., :CODE_BYTES].contiguous().view(torch.int32).view(slabs, tiles, 2, 4, 8, 4, 4)
@@ -97,8 +107,9 @@ def unprepare_weight(data: torch.Tensor, n: int, k: int) -> tuple:
     v = (lo | (hi << 4)).to(torch.uint8)  # slab, tile, kb, w, g, c, i = h + 2 q
     v = v.view(slabs, tiles, 8, 4, 8, 4, 2, 2).permute(0, 3, 7, 4, 1, 2, 6, 5)
     codes = v.reshape(slabs * CHUNK_ROWS, tiles * CHUNK_K // 2)
-    sv = chunks[..., CODE_BYTES:].reshape(slabs, tiles, 4, 8, 8, 2).permute(0, 2, 5, 3, 1, 4)
-    scales = sv.reshape(slabs * CHUNK_ROWS, tiles * CHUNK_K // 16)
+    wide = chunks[..., CODE_BYTES:].contiguous().view(torch.bfloat16).view(slabs, tiles, 2, 4, 8, 4, 2)
+    sv = wide.permute(0, 3, 6, 4, 1, 2, 5).reshape(slabs * CHUNK_ROWS, tiles * CHUNK_K // 16)
+    scales = (sv.float() / SCALE_FACTOR).to(torch.float8_e4m3fn).view(torch.uint8)
     return codes[:n, :k // 2].contiguous(), scales[:n, :k // 16].contiguous()
 
 
@@ -131,6 +142,25 @@ def decode_rows(word: Int32, top: Int32, bottom: Int32):
 
 
 @cute.jit
+def _pair(word: Int32, upper: cutlass.Constexpr) -> Int32:
+    """(word's low bf16, twice), or its high one."""
+    selector = 0x3232 if const_expr(upper) else 0x1010
+    return cute.arch.inline_ptx(f"prmt.b32 {{$w0}}, {{$r0}}, {{$r0}}, {selector};",
+                                write_only_types=[Int32], read_only_args=[word])
+
+
+@cute.jit
+def _st_shared_f32(address: Int32, value: Float32):
+    cute.arch.inline_ptx("st.shared.f32 [{$r0}], {$r1};", read_only_args=[address, value])
+
+
+@cute.jit
+def _ld_shared_f32(address: Int32) -> Float32:
+    return cute.arch.inline_ptx("ld.shared.f32 {$w0}, [{$r0}];", write_only_types=[Float32],
+                                read_only_args=[address])
+
+
+@cute.jit
 def load_shared_v4(address: Int32):
     """Four 32-bit words from 16 aligned bytes of shared memory."""
     return cute.arch.inline_ptx("ld.shared.v4.b32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}];",
@@ -154,14 +184,25 @@ class W4A16GemmSm90(GemmSm90):
 
     def __init__(self, config: GemmConfig):
         if (config.tile_m not in (64, 128) or config.k_blocks != CHUNK_K // 16 or config.pingpong
-                or config.swap_ab or config.pad_k or config.cluster_m * config.cluster_n != 1
-                or config.fp8_promote_every or config.epilogue_mma or config.warpgroups
+                or config.swap_ab or config.pad_k or config.cluster_n != 1 or config.cluster_m not in (1, 2, 4)
+                or config.fp8_promote_every or config.epilogue_mma
                 or not config.epilogue.scalar_scale_a or config.epilogue.row_scale
-                or config.epilogue.col_scale or config.epilogue.residual):
+                or config.epilogue.col_scale or config.epilogue.residual
+                or config.warpgroups not in (0, 2) or config.warpgroups == 2 and (
+                    config.tile_m != 64 or config.tile_n > 64 or config.stream_k
+                    or config.ctas_per_sm != 1)):
             raise ValueError(f"unsupported W4A16 configuration {config}: tile M 64 / 128, "
-                             f"{CHUNK_K // 16} k-blocks, no clusters, ping-pong, swap, pad_k or "
-                             f"fp8 options; a scalar scale for A, at most a bias")
-        super().__init__(config)
+                             f"{CHUNK_K // 16} k-blocks, clusters of 1, 2 or 4 along M, no ping-pong, swap, pad_k or "
+                             f"fp8 options; a scalar scale for A, at most a bias; two "
+                             f"warpgroups only on 64 x <= 64 tiles (split K)")
+        # Two MMA warpgroups on a 64-row tile split its K (``split_k``): each takes every other
+        # k-tile into its own accumulator, warpgroup 1 hands its sum to warpgroup 0 through its
+        # epilogue buffers, and warpgroup 0 runs the epilogue. The GEMM is built for one
+        # warpgroup per tile (64 rows each), then given the second.
+        self.split_k = config.warpgroups == 2
+        super().__init__(dataclasses.replace(config, warpgroups=0) if self.split_k else config)
+        if self.split_k:
+            self.config, self.num_mma_wg, self.threads = config, 2, config.threads
 
     def mma_a_dtype(self, a, b):
         return b.element_type  # the decoded weight: x's dtype
@@ -174,58 +215,131 @@ class W4A16GemmSm90(GemmSm90):
         plain = cute.make_layout((lines, LINE, self.ab_stages), stride=(LINE, 1, lines * LINE))
         return cute.make_composed_layout(cute.make_swizzle(0, 4, 3), 0, plain)  # no swizzle
 
-    def a_operand(self, tiled_mma, sA, row_block, tidx):
-        """(the A fragment of one k-tile, this thread's code and scale addresses in stage 0)."""
+    def a_operand(self, tiled_mma, sA, sD, row_block, tidx):
+        """(the A fragment of one k-tile, this thread's code and scale addresses in stage 0,
+        where warpgroup 1 leaves its partial sum with ``split_k``: its epilogue buffers)."""
         frag = tiled_mma.make_fragment_A(
             tiled_mma.get_slice(0).partition_shape_A((CHUNK_ROWS, self.tile_mnk[2])))
-        chunk = Int32((sA.iterator + cute.crd2idx((row_block * CHUNK_LINES, 0, 0), sA.layout)).toint())
-        return frag, chunk + tidx * 16, chunk + CODE_BYTES + (tidx // 4) * 16
+        block = 0 if const_expr(self.split_k) else row_block  # split K: one slab, both halves
+        chunk = Int32((sA.iterator + cute.crd2idx((block * CHUNK_LINES, 0, 0), sA.layout)).toint())
+        partial = None
+        if const_expr(self.split_k):
+            wg1_buffers = self.config.epi_stages * self.epi_tile[0] * self.epi_tile[1]  # elements
+            if const_expr(wg1_buffers * self.d_dtype.width // 8 < 64 * self.config.tile_n * 4):
+                raise ValueError(f"split K: warpgroup 1's epilogue buffers cannot hold its partial sum: {self.config}")
+            partial = Int32(sD.iterator.toint()) + wg1_buffers * (self.d_dtype.width // 8) + tidx * 4
+        return frag, chunk + tidx * 16, chunk + CODE_BYTES + (tidx // 4) * 16, partial
 
     @cute.jit
     def mma_k_tiles(self, tiled_mma, acc, mma_acc, tCrA, tCrB, mainloop, read, release, k_first,
                     k_end, k_tiles, zero: cutlass.Constexpr = True, hand_over=None,
                     nonempty: cutlass.Constexpr = False):
         """``acc`` (+)= the MMAs over k-tiles ``k_first .. k_end - 1`` (module docstring)."""
-        frag, codes, scales = tCrA
-        regs = cute.recast_tensor(frag, Int32)
+        frag, codes, scales, partial = tCrA
         if const_expr(zero):
             acc.fill(0.0)
         tiled_mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
-        decoded = cute.make_rmem_tensor((cute.size(regs),), Int32)
-        for k in range(k_first, k_end):
-            mainloop.consumer_wait(read)
-            offset = read.index * const_expr(self.a_tiler[0] * LINE)
-            low = load_shared_v4(codes + offset)
-            high = load_shared_v4(codes + offset + CODE_BYTES // 2)
-            pairs = load_shared_v4(scales + offset)
-            for kb in cutlass.range_constexpr(8):  # under the previous k-tile's MMAs
-                word = low[kb] if const_expr(kb < 4) else high[kb - 4]
-                r = self.a_registers(word, pairs[kb // 2], kb % 2)
-                for i in cutlass.range_constexpr(4):
-                    decoded[4 * kb + i] = r[i]
+        if const_expr(self.split_k):
+            read, release = self.split_k_tiles(tiled_mma, acc, frag, codes, scales, partial,
+                                               tCrB, mainloop, read, k_first, k_end)
+        else:
+            for k in range(k_first, k_end):
+                self.k_tile(tiled_mma, acc, frag, codes, scales, tCrB, mainloop, read, release,
+                            k > k_first)
+                read.advance()
+                if k > k_first:
+                    release.advance()
             cute.nvgpu.warpgroup.wait_group(0)
-            if k > k_first:
+            if k_end > k_first:
                 mainloop.consumer_release(release)
                 release.advance()
-            for i in cutlass.range_constexpr(cute.size(regs)):  # moved only after the wait
-                regs[i] = _after_wait(decoded[i])
-            cute.nvgpu.warpgroup.fence()
-            for kb in cutlass.range_constexpr(8):
-                cute.gemm(tiled_mma, acc, frag[(None, None, kb)], tCrB[(None, None, kb, read.index)], acc)
-            cute.nvgpu.warpgroup.commit_group()
-            read.advance()
-        cute.nvgpu.warpgroup.wait_group(0)
-        if k_end > k_first:
-            mainloop.consumer_release(release)
-            release.advance()
         return tiled_mma, read, release
 
     @cute.jit
-    def a_registers(self, word: Int32, scale_word: Int32, half: cutlass.Constexpr):
+    def split_k_tiles(self, tiled_mma, acc, frag, codes, scales, partial, tCrB, mainloop, read,
+                      k_first, k_end):
+        """``split_k``: this warpgroup's k-tiles (every other one) into ``acc``, then
+        warpgroup 0 adds warpgroup 1's sum. Returns (read, release) at the tile's end."""
+        wg = cute.arch.make_warp_uniform(cute.arch.thread_idx()[0] // 128) - 1
+        state = read.clone()  # this warpgroup's next k-tile
+        if wg == 1:
+            state.advance()
+        previous = state.clone()  # and its previous one
+        mine = (k_end - k_first - wg + 1) // 2
+        for j in range(mine):
+            self.k_tile(tiled_mma, acc, frag, codes, scales, tCrB, mainloop, state, previous, j > 0)
+            if j > 0:
+                previous.advance()
+                previous.advance()
+            state.advance()
+            state.advance()
+        cute.nvgpu.warpgroup.wait_group(0)
+        if mine > 0:
+            mainloop.consumer_release(previous)
+        for _ in range(k_first, k_end):  # past both warpgroups' k-tiles of the tile
+            read.advance()
+        size = const_expr(cute.size(acc))
+        if wg == 1:
+            for i in cutlass.range_constexpr(size):
+                _st_shared_f32(partial + i * 512, _after_wait(acc[i]))
+        cute.arch.barrier(barrier_id=int(GemmBarrier.SPLIT_K_PARTIAL), number_of_threads=256)
+        if wg == 0:
+            for i in cutlass.range_constexpr(size):
+                acc[i] = _after_wait(acc[i]) + _ld_shared_f32(partial + i * 512)
+        cute.arch.barrier(barrier_id=int(GemmBarrier.SPLIT_K_READ), number_of_threads=256)
+        return read, read.clone()
+
+    @cute.jit
+    def k_tile(self, tiled_mma, acc, frag, codes, scales, tCrB, mainloop, read, previous,
+               release_previous):
+        """One k-tile from stage ``read``: its codes and scales decoded under the MMAs in flight,
+        then (once those are done) stage ``previous`` released where ``release_previous``, the
+        decoded values moved into ``frag`` and the k-tile's MMAs issued."""
+        regs = cute.recast_tensor(frag, Int32)
+        decoded = cute.make_rmem_tensor((cute.size(regs),), Int32)
+        mainloop.consumer_wait(read)
+        offset = read.index * const_expr(self.a_tiler[0] * LINE)
+        low = load_shared_v4(codes + offset)
+        high = load_shared_v4(codes + offset + CODE_BYTES // 2)
+        pairs_low = load_shared_v4(scales + offset)
+        pairs_high = load_shared_v4(scales + offset + SCALE_BYTES // 2)
+        for kb in cutlass.range_constexpr(8):  # under the previous k-tile's MMAs
+            word = low[kb] if const_expr(kb < 4) else high[kb - 4]
+            r = self.a_registers(word, pairs_low[kb] if const_expr(kb < 4) else pairs_high[kb - 4])
+            for i in cutlass.range_constexpr(4):
+                decoded[4 * kb + i] = r[i]
+        cute.nvgpu.warpgroup.wait_group(0)
+        if release_previous:
+            mainloop.consumer_release(previous)
+        for i in cutlass.range_constexpr(cute.size(regs)):  # moved only after the wait
+            regs[i] = _after_wait(decoded[i])
+        self.issue_mmas(tiled_mma, acc, frag, tCrB, read.index)
+
+    @cute.jit
+    def issue_mmas(self, tiled_mma, acc, frag, tCrB, stage):
+        """The k-tile's 8 register-sourced wgmmas into ``acc``, committed as one group."""
+        cute.nvgpu.warpgroup.fence()
+        for kb in cutlass.range_constexpr(8):
+            cute.gemm(tiled_mma, acc, frag[(None, None, kb)], tCrB[(None, None, kb, stage)], acc)
+        cute.nvgpu.warpgroup.commit_group()
+
+    @cute.jit
+    def a_registers(self, word: Int32, scales: Int32):
         """The four A registers of one k-block: its word of codes decoded, times the scales of
-        rows g and g + 8 (bytes 2 half and 2 half + 1 of ``scale_word``)."""
-        top, bottom = scale_pairs(scale_word, Int32(16 * half), False)
-        return decode_rows(word, top, bottom)
+        rows g and g + 8 (the low and high bf16 of ``scales``, each made a pair)."""
+        return decode_rows(word, _pair(scales, False), _pair(scales, True))
+
+    @cute.jit
+    def epilogue(self, acc, tRS_acc, tRS_coords, tRS_rD, tRS_rOut, tRS_sD, sD, gD, mD, tma_d,
+                 tiled_store, store_pipe, mC, mBias, vectors, alpha: Float32,
+                 beta: Float32, m, n, l, per_subtile, tiles_done, warp, store_warp, epi_barrier,
+                 buffer_base, row_block, next_k_tile=None):
+        """The GEMM's epilogue; with ``split_k`` warpgroup 0's alone (it holds the tile's sum)."""
+        if row_block == 0 or const_expr(not self.split_k):
+            GemmSm90.epilogue(self, acc, tRS_acc, tRS_coords, tRS_rD, tRS_rOut, tRS_sD, sD, gD, mD,
+                              tma_d, tiled_store, store_pipe, mC, mBias, vectors, alpha, beta, m,
+                              n, l, per_subtile, tiles_done, warp, store_warp, epi_barrier,
+                              buffer_base, row_block)
 
     def _apply_operands(self, frag, coords, offset, row_scales, mC, mBias, mScaleA, mScaleB,
                         alpha: Float32, beta: Float32, row0, col0, rows, cols, l):
