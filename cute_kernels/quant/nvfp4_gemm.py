@@ -652,7 +652,7 @@ def _w4a16_prepared_checked(x, w: NVFP4Weight, w_scales, w_global_scale, bias):
         return out.reshape(*lead, n), None
     fn = _w4a16_kernel(w4a16_config(m, n, _sms(x.device), bias is not None))
     decode = float(2 ** DECODE_EXPONENT)
-    fn(w.data, rows.t(), out.t(), None, None if bias is None else bias.float(),
+    fn(w.data, rows, out, None, None if bias is None else bias.float(),
        _alpha(w_global_scale, x.device), None, None, None, None, None, None, None, decode, 0.0, 0)
     if rows is not x and rows.data_ptr() != x.data_ptr():
         return out.reshape(*lead, n), None  # x was copied: no plan
@@ -660,10 +660,10 @@ def _w4a16_prepared_checked(x, w: NVFP4Weight, w_scales, w_global_scale, bias):
 
     def run(x, w, g, bias):
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-        fn(w.data, x.view(m, k).t(), out.t(), None, None if bias is None else bias.float(),
+        fn(w.data, x if x.dim() == 2 else x.view(m, k), out, None, None if bias is None else bias.float(),
            constant if constant is not None else _alpha(g, x.device), None, None, None, None,
            None, None, None, decode, 0.0, 0)
-        return out.view(*lead, n)
+        return out if len(lead) == 1 else out.view(*lead, n)
     return out.reshape(*lead, n), run
 
 

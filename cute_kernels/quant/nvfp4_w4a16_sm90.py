@@ -149,6 +149,10 @@ def _pair(word: Int32, upper: cutlass.Constexpr) -> Int32:
                                 write_only_types=[Int32], read_only_args=[word])
 
 
+def _transposed(t: cute.Tensor) -> cute.Tensor:
+    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 0]))
+
+
 @cute.jit
 def _st_shared_f32(address: Int32, value: Float32):
     cute.arch.inline_ptx("st.shared.f32 [{$r0}], {$r1};", read_only_args=[address, value])
@@ -177,7 +181,7 @@ def _after_wait(value):
 
 class W4A16GemmSm90(GemmSm90):
     """See the module docstring. Arguments as ``GemmSm90``'s: A the prepared weight (2-D
-    uint8), B x^T (K, M), D out^T (N, M); ``mBias`` the per-weight-row bias, ``mScaleA`` the
+    uint8), then x (M, K) and out (M, N) (B and D transposed); ``mBias`` the per-weight-row bias, ``mScaleA`` the
     global scale (one fp32, ``Epilogue.scalar_scale_a``); alpha 2^8."""
 
     a_source = cute.nvgpu.warpgroup.OperandSource.RMEM
@@ -203,6 +207,15 @@ class W4A16GemmSm90(GemmSm90):
         super().__init__(dataclasses.replace(config, warpgroups=0) if self.split_k else config)
         if self.split_k:
             self.config, self.num_mma_wg, self.threads = config, 2, config.threads
+
+    @cute.jit
+    def __call__(self, mA, mX, mOut, mC, mBias, mScaleA, mScaleB, mZeroA, mSumB, mWork, mFlags,
+                 mSrcA, mSrcB, alpha: Float32, beta: Float32, token: cutlass.Int64, stream):
+        """``GemmSm90``'s launch with x (M, K) and out (M, N) in their own order: their
+        transposes, the GEMM's B and D, are made here (no views to make per call)."""
+        GemmSm90.__call__(self, mA, _transposed(mX), _transposed(mOut), mC, mBias, mScaleA,
+                          mScaleB, mZeroA, mSumB, mWork, mFlags, mSrcA, mSrcB, alpha, beta, token,
+                          stream)
 
     def mma_a_dtype(self, a, b):
         return b.element_type  # the decoded weight: x's dtype
@@ -354,15 +367,15 @@ class W4A16GemmSm90(GemmSm90):
 
 
 def kernel_specs(config: GemmConfig, bias: bool) -> tuple:
-    """The kernel's argument specs (``GemmSm90``'s order): prepared weight, x^T, out^T, bias
+    """The kernel's argument specs (``GemmSm90``'s order): prepared weight, x, out, bias
     (fp32, per weight row) where ``bias``, the global scale, the stream-K workspace and flags
     where ``config.stream_k``."""
     from ..runtime import ScalarSpec, StreamSpec, Sym, TensorSpec
 
     free = lambda dtype, width: TensorSpec(dtype, (Sym(),), (Sym(),), width)  # noqa: E731
     return (TensorSpec.rowmajor("uint8", (Sym(), Sym()), 16),
-            TensorSpec("bfloat16", (Sym(), Sym()), (1, Sym(divisibility=8)), 16),
-            TensorSpec("bfloat16", (Sym(), Sym()), (1, Sym(divisibility=8)), 16),
+            TensorSpec.rowmajor("bfloat16", (Sym(), Sym()), 8),
+            TensorSpec.rowmajor("bfloat16", (Sym(), Sym()), 8),
             None, free("float32", 4) if bias else None, free("float32", 4), None, None, None,
             TensorSpec("float32", (Sym(),), (1,), 16) if config.stream_k else None,
             TensorSpec("int64", (Sym(),), (1,), 8) if config.stream_k else None,
