@@ -475,6 +475,8 @@ def gemm_w4a16(x, w_fp4, w_scales, w_global_scale=1.0, bias=None, *, scale_layou
       - the skinny path cuts long K over CTAs when the weight has few rows: their fp32 partial
         sums are added atomically, so the last bits may vary from run to run
       - no autograd (weight-only quantization for inference)
+      - a prepared weight (``NVFP4Weight``): bf16 x, w_scales None, eager calls only (under
+        torch.compile pass the packed codes and scales)
     """
     if isinstance(w_fp4, NVFP4Weight):
         return _gemm_w4a16_prepared(x, w_fp4, w_scales, w_global_scale, bias)
