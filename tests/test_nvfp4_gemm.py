@@ -293,6 +293,28 @@ def test_nvfp4_linear_follows_the_dequantized_layer():
 
 
 @gpu
+def test_nvfp4_linear_prepared_follows_its_buffers():
+    linear = torch.nn.Linear(512, 384, device="cuda", dtype=torch.bfloat16)
+    layer = ck.NVFP4Linear.from_float(linear, prepare=True)
+    plain = ck.NVFP4Linear.from_float(linear)
+    assert "prepared=True" in repr(layer) and "_prepared" not in dict(layer.state_dict())
+    x = torch.randn(3, 16, 512, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        out, ref = layer(x), plain(x)
+        bound = 2 ** -6 * ref.abs().max().item()
+        assert out.shape == ref.shape and (out.float() - ref.float()).abs().max().item() <= bound
+        assert layer._prepared is not None
+        other = ck.NVFP4Linear.from_float(torch.nn.Linear(512, 384, device="cuda", dtype=torch.bfloat16))
+        layer.load_state_dict(other.state_dict())  # the prepared copy is made again
+        out, ref = layer(x), other(x)
+        assert (out.float() - ref.float()).abs().max().item() <= 2 ** -6 * ref.abs().max().item()
+        half = layer(x.half())  # fp16 activations take the packed path
+        assert half.dtype == torch.float16
+    with pytest.raises(ck.UnsupportedError, match="multiple of 8"):
+        ck.NVFP4Linear(64, 60, device="cuda").prepare()
+
+
+@gpu
 def test_nvfp4_products_compile_fullgraph():
     packed, scales, w = random_nvfp4(256, 128)
     a, sfa, va = random_nvfp4(4, 128, "blocked")

@@ -792,10 +792,15 @@ def nvfp4_dual_gemm(a, b1, b2, sfa, sfb1, sfb2, *, scale_layout: str = "plain",
 
 class NVFP4Linear(torch.nn.Module):
     """``nn.Linear`` at inference with NVFP4 weights (weight-only: activations stay bf16 /
-    fp16), on ``gemm_w4a16``.
+    fp16), on ``gemm_w4a16``. ``prepare()`` (or ``from_float(..., prepare=True)``) also keeps
+    the weight prepared for the tensor-core kernel (``nvfp4_prepare_weight``), which eager bf16
+    calls then take: 1.2-1.9x the packed path at 1-64 tokens (``benchmarks/NOTES.md``), for
+    ~1.1x the packed weight's memory again. The prepared copy follows the buffers: it is made
+    again when they change (``load_state_dict``, ``.to``) and is not part of the state dict.
 
     Constraints:
       - CUDA; in_features a multiple of 16; inference only (no gradients)
+      - the prepared path: out_features a multiple of 8, bf16 activations, eager calls
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None):
@@ -809,10 +814,27 @@ class NVFP4Linear(torch.nn.Module):
                                                           dtype=torch.float8_e4m3fn, device=device))
         self.register_buffer("weight_global_scale", torch.ones((), device=device))
         self.register_buffer("bias", torch.zeros(out_features, device=device) if bias else None)
+        self.prepared = False
+        self._prepared = None  # (NVFP4Weight, the buffers' identity when it was made)
+
+    def prepare(self) -> "NVFP4Linear":
+        """Keep the weight prepared for the tensor-core kernel too (class docstring)."""
+        if self.out_features % 8:
+            raise UnsupportedError(f"prepare() needs out_features a multiple of 8, got {self.out_features}")
+        self.prepared = True
+        return self
+
+    def _prepared_weight(self):
+        w, s = self.weight_fp4, self.weight_scales
+        identity = (w.data_ptr(), s.data_ptr(), w._version, s._version, w.device)
+        if self._prepared is None or self._prepared[1] != identity:
+            self._prepared = (nvfp4_prepare_weight(w, s), identity)
+        return self._prepared[0]
 
     @classmethod
-    def from_float(cls, linear: torch.nn.Linear) -> "NVFP4Linear":
-        """Quantize ``linear``'s weight to NVFP4 (``nvfp4_quantize``, default global scale)."""
+    def from_float(cls, linear: torch.nn.Linear, prepare: bool = False) -> "NVFP4Linear":
+        """Quantize ``linear``'s weight to NVFP4 (``nvfp4_quantize``, default global scale);
+        with ``prepare`` also keep it prepared (``prepare()``)."""
         from .nvfp4 import nvfp4_quantize
 
         if not isinstance(linear, torch.nn.Linear):
@@ -826,7 +848,7 @@ class NVFP4Linear(torch.nn.Module):
         module.weight_global_scale.copy_(global_scale)
         if linear.bias is not None:
             module.bias = linear.bias.detach().float().clone()
-        return module
+        return module.prepare() if prepare else module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not isinstance(x, torch.Tensor) or x.dtype not in ACTIVATION_DTYPES:
@@ -834,11 +856,16 @@ class NVFP4Linear(torch.nn.Module):
         if x.shape[-1] != self.in_features:
             raise UnsupportedError(f"x has {x.shape[-1]} features in its last dim, this layer "
                                    f"takes {self.in_features}")
+        if (self.prepared and x.dtype == torch.bfloat16 and x.is_cuda
+                and not torch.compiler.is_compiling()):
+            return gemm_w4a16(x, self._prepared_weight(), None, self.weight_global_scale,
+                              bias=self.bias)
         return gemm_w4a16(x, self.weight_fp4, self.weight_scales, self.weight_global_scale,
                           bias=self.bias)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, prepared={self.prepared}")
 
 
 def compile_configurations(quick: bool = False):
