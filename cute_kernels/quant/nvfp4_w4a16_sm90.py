@@ -30,15 +30,22 @@ Design:
     the decoded values into the A fragment (after the wait: a fragment register rewritten while
     a wgmma reads it would be corrupted) and issue 8 register-sourced wgmmas against x's
     swizzled stage (B from shared memory, as the GEMM's).
-  - Everything else is the GEMM's: persistent tiles, stream-K tail, epilogue by TMA stores of
-    ``out^T`` (out's rows are K-contiguous tokens: D is column-major), a bias per weight row.
+  - One warpgroup's decode is bound by its own instruction stream (one warp per scheduler), so
+    narrow tiles give each SM a second one: two CTAs per SM (``ctas_per_sm``) where there are
+    more tiles than SMs, else ``split_k``: two MMA warpgroups on one 64-row tile, each taking
+    every other k-tile into its own accumulator; warpgroup 1 leaves its sum in its epilogue
+    buffers, warpgroup 0 adds it and stores the tile.
+  - Everything else is the GEMM's: persistent tiles, stream-K tail, clusters along M sharing x
+    by TMA multicast, the epilogue's TMA stores of ``out^T`` (a column-major view of out), a bias
+    per weight row.
 
 Constraints:
-  - x bf16, K-contiguous, K a multiple of 8 and N of 8 (16-byte rows of x and out for TMA); the
-    weight prepared by
-    ``prepare_weight`` (N and K padded to 64 rows and 128 values with zero codes and scales)
+  - x bf16 (M, K) and out (M, N) with unit last strides, K and N multiples of 8 (16-byte rows
+    for TMA); the weight prepared by ``prepare_weight`` (N and K padded to 64 rows and 128
+    values with zero codes and scales)
   - tile M 64 or 128 (one or two MMA warpgroups of 64 rows), tile N 16 .. 256, 8 k-blocks per
-    stage (one chunk), no clusters, no ping-pong, no fp8 options
+    stage (one chunk), clusters of 1, 2 or 4 along M, no ping-pong, no fp8 options
+  - ``split_k`` (``warpgroups=2`` on a 64-row tile): tile N <= 64, one CTA per SM, no stream-K
 """
 
 from __future__ import annotations
@@ -181,14 +188,15 @@ def _after_wait(value):
 
 class W4A16GemmSm90(GemmSm90):
     """See the module docstring. Arguments as ``GemmSm90``'s: A the prepared weight (2-D
-    uint8), then x (M, K) and out (M, N) (B and D transposed); ``mBias`` the per-weight-row bias, ``mScaleA`` the
-    global scale (one fp32, ``Epilogue.scalar_scale_a``); alpha 2^8."""
+    uint8), then x (M, K) and out (M, N) (B and D transposed); ``mBias`` the per-weight-row
+    bias, ``mScaleA`` the global scale (one fp32, ``Epilogue.scalar_scale_a``); alpha 2^8."""
 
     a_source = cute.nvgpu.warpgroup.OperandSource.RMEM
 
     def __init__(self, config: GemmConfig):
         if (config.tile_m not in (64, 128) or config.k_blocks != CHUNK_K // 16 or config.pingpong
-                or config.swap_ab or config.pad_k or config.cluster_n != 1 or config.cluster_m not in (1, 2, 4)
+                or config.swap_ab or config.pad_k or config.cluster_n != 1
+                or config.cluster_m not in (1, 2, 4)
                 or config.fp8_promote_every or config.epilogue_mma
                 or not config.epilogue.scalar_scale_a or config.epilogue.row_scale
                 or config.epilogue.col_scale or config.epilogue.residual
@@ -196,13 +204,11 @@ class W4A16GemmSm90(GemmSm90):
                     config.tile_m != 64 or config.tile_n > 64 or config.stream_k
                     or config.ctas_per_sm != 1)):
             raise ValueError(f"unsupported W4A16 configuration {config}: tile M 64 / 128, "
-                             f"{CHUNK_K // 16} k-blocks, clusters of 1, 2 or 4 along M, no ping-pong, swap, pad_k or "
-                             f"fp8 options; a scalar scale for A, at most a bias; two "
-                             f"warpgroups only on 64 x <= 64 tiles (split K)")
-        # Two MMA warpgroups on a 64-row tile split its K (``split_k``): each takes every other
-        # k-tile into its own accumulator, warpgroup 1 hands its sum to warpgroup 0 through its
-        # epilogue buffers, and warpgroup 0 runs the epilogue. The GEMM is built for one
-        # warpgroup per tile (64 rows each), then given the second.
+                             f"{CHUNK_K // 16} k-blocks, clusters of 1, 2 or 4 along M, no "
+                             f"ping-pong, swap, pad_k or fp8 options; a scalar scale for A, at "
+                             f"most a bias; two warpgroups only on 64 x <= 64 tiles (split K)")
+        # split_k (module docstring): the GEMM is built for one warpgroup per 64-row tile, then
+        # given the second.
         self.split_k = config.warpgroups == 2
         super().__init__(dataclasses.replace(config, warpgroups=0) if self.split_k else config)
         if self.split_k:
@@ -239,7 +245,8 @@ class W4A16GemmSm90(GemmSm90):
         if const_expr(self.split_k):
             wg1_buffers = self.config.epi_stages * self.epi_tile[0] * self.epi_tile[1]  # elements
             if const_expr(wg1_buffers * self.d_dtype.width // 8 < 64 * self.config.tile_n * 4):
-                raise ValueError(f"split K: warpgroup 1's epilogue buffers cannot hold its partial sum: {self.config}")
+                raise ValueError(f"split K: warpgroup 1's epilogue buffers cannot hold its "
+                                 f"partial sum: {self.config}")
             partial = Int32(sD.iterator.toint()) + wg1_buffers * (self.d_dtype.width // 8) + tidx * 4
         return frag, chunk + tidx * 16, chunk + CODE_BYTES + (tidx // 4) * 16, partial
 
