@@ -537,9 +537,10 @@ def gemm_w4a16(x, w_fp4, w_scales, w_global_scale=1.0, bias=None, *, scale_layou
 
 class NVFP4Weight:
     """An NVFP4 weight prepared once for ``gemm_w4a16``'s tensor-core kernel
-    (``nvfp4_prepare_weight``): the same codes and e4m3 scales regrouped into 64-row x
-    128-value chunks in the order the kernel's threads read them (``nvfp4_w4a16_sm90``), N and
-    K padded to those multiples with zeros (about 4% more bytes at N = 64 x 128 x odd)."""
+    (``nvfp4_prepare_weight``): the same codes regrouped into 64-row x 128-value chunks in the
+    order the kernel's threads read them and the e4m3 block scales as bf16 (exact), N and K
+    padded to those multiples with zeros (``nvfp4_w4a16_sm90``): 11% more bytes than the packed
+    codes and e4m3 scales, plus the padding."""
 
     def __init__(self, data: torch.Tensor, n: int, k: int):
         self.data, self.n, self.k = data, n, k
@@ -794,8 +795,8 @@ class NVFP4Linear(torch.nn.Module):
     """``nn.Linear`` at inference with NVFP4 weights (weight-only: activations stay bf16 /
     fp16), on ``gemm_w4a16``. ``prepare()`` (or ``from_float(..., prepare=True)``) also keeps
     the weight prepared for the tensor-core kernel (``nvfp4_prepare_weight``), which eager bf16
-    calls then take: 1.2-1.9x the packed path at 1-64 tokens (``benchmarks/NOTES.md``), for
-    ~1.1x the packed weight's memory again. The prepared copy follows the buffers: it is made
+    calls then take: 1.06-3.4x the packed path at 1-64 tokens (H100, CUDA graphs,
+    ``benchmarks/NOTES.md``), for ~1.1x the packed weight's memory again. The prepared copy follows the buffers: it is made
     again when they change (``load_state_dict``, ``.to``) and is not part of the state dict.
 
     Constraints:
