@@ -103,9 +103,10 @@ def _shift(reg: str, src: str, amount: int) -> str:
     return f"shr.u32 {reg}, {src}, {-amount};"
 
 
-def _decode_ptx(half: bool) -> str:
+def decode_ptx(half: bool, row_scales: bool = False) -> str:
     """PTX: {$r0} a word of 8 codes, {$r1} the scale pair -> {$w0..$w3} the scaled pairs
-    (c_i, c_(i+4)), i = 0..3."""
+    (c_i, c_(i+4)), i = 0..3. With ``row_scales`` (bf16 only) pairs 1 and 3 take the scale pair
+    {$r2} instead (a wgmma A fragment's word: pairs 0, 2 of one row, 1, 3 of another)."""
     mul = "mul.rn.f16x2" if half else "mul.rn.bf16x2"
     if not half:
         # Pairs 0 / 1 from the word, 2 / 3 from the word shifted down a byte; each pair masked,
@@ -117,8 +118,9 @@ def _decode_ptx(half: bool) -> str:
                                                  ("{$r0}", "0x00F000F0", "0x104"),
                                                  ("u", "0x000F000F", "0x1040"),
                                                  ("u", "0x00F000F0", "0x104"))):
+            scale = "{$r2}" if row_scales and i % 2 else "{$r1}"
             lines.append(f"and.b32 p, {src}, {mask}; mul.lo.u32 p, p, {factor};"
-                         f" and.b32 p, p, 0x81C081C0; {mul} {{$w{i}}}, p, {{$r1}};")
+                         f" and.b32 p, p, 0x81C081C0; {mul} {{$w{i}}}, p, {scale};")
         lines.append("}")
         return " ".join(lines)
     lines = ["{ .reg .b32 m, s;"]
@@ -134,7 +136,7 @@ def _decode_ptx(half: bool) -> str:
 @cute.jit
 def decode_word(word: Int32, scale: Int32, half: cutlass.Constexpr):
     """Four registers of two scaled values each from 8 packed codes (module docstring)."""
-    return cute.arch.inline_ptx(_decode_ptx(half), write_only_types=[Int32] * 4,
+    return cute.arch.inline_ptx(decode_ptx(half), write_only_types=[Int32] * 4,
                                 read_only_args=[word, scale])
 
 

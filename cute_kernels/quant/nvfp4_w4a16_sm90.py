@@ -60,6 +60,7 @@ from cutlass import Float32, Int32, const_expr
 from ..gemm.config import GemmConfig
 from ..gemm.kernel_sm90 import GemmSm90, _load_or
 from ..primitives.named_barriers import GemmBarrier
+from .nvfp4_skinny_sm90 import decode_ptx
 
 CHUNK_ROWS = 64  # weight rows per chunk: one MMA warpgroup's M
 CHUNK_K = 128  # values of K per chunk: 8 k-blocks of 16
@@ -123,27 +124,13 @@ def unprepare_weight(data: torch.Tensor, n: int, k: int) -> tuple:
 # ----------------------------------------------------------------------------- device side
 
 
-def _decode_rows_ptx() -> str:
-    """PTX: {$r0} a word of 8 codes, {$r1} / {$r2} the scales of rows g and g + 8 (each twice,
-    bf16 times 2^118) -> {$w0..$w3} the four A fragment registers (module docstring)."""
-    lines = ["{ .reg .b32 u, p;", "shr.u32 u, {$r0}, 8;"]
-    for i, (src, mask, factor) in enumerate((("{$r0}", "0x000F000F", "0x1040"),
-                                             ("{$r0}", "0x00F000F0", "0x104"),
-                                             ("u", "0x000F000F", "0x1040"),
-                                             ("u", "0x00F000F0", "0x104"))):
-        scale = "{$r1}" if i % 2 == 0 else "{$r2}"
-        lines.append(f"and.b32 p, {src}, {mask}; mul.lo.u32 p, p, {factor};"
-                     f" and.b32 p, p, 0x81C081C0; mul.rn.bf16x2 {{$w{i}}}, p, {scale};")
-    lines.append("}")
-    return " ".join(lines)
-
-
-_DECODE_ROWS = _decode_rows_ptx()
+_DECODE_ROWS = decode_ptx(False, row_scales=True)
 
 
 @cute.jit
 def decode_rows(word: Int32, top: Int32, bottom: Int32):
-    """The four scaled A registers of one k-block from its word (module docstring)."""
+    """The four scaled A registers of one k-block from its word and the scale pairs of rows
+    g and g + 8 (bf16 times 2^118; module docstring)."""
     return cute.arch.inline_ptx(_DECODE_ROWS, write_only_types=[Int32] * 4,
                                 read_only_args=[word, top, bottom])
 
