@@ -135,8 +135,9 @@ def backward_rows(results, peer_fns, quick):
     for seqlen in lengths:
         for causal in (False, True):
             run_backward(results, peer_fns, TOKENS // seqlen, seqlen, 16, 16, 128, causal)
-    for causal in (False, True):
-        run_backward(results, peer_fns, 4, 4096, 16, 16, 64, causal)
+    for dim in (64, 192, 256):
+        for causal in (False, True):
+            run_backward(results, peer_fns, 4, 4096, 16, 16, dim, causal)
     for causal in (False, True):
         run_backward(results, peer_fns, 4, 4096, 16, 16, 128, causal, deterministic=True)
     # one GPT-style attention layer (GQA), forward and backward

@@ -239,7 +239,7 @@ def check_backward(q, k, v, **kw):
         assert err <= 2 * torch_err + 1e-3, f"{name}: error {err:.3e} vs torch's {torch_err:.3e}"
 
 
-BWD_DIMS = [64, 96, 128]
+BWD_DIMS = [64, 96, 128, 192, 256]
 
 
 @gpu
@@ -252,19 +252,21 @@ def test_backward_matches_float64(dim, causal, sq, sk):
 
 @gpu
 @pytest.mark.parametrize("hq,hkv", [(8, 8), (8, 2), (8, 1)])
-def test_backward_gqa_group_sums(hq, hkv):
-    check_backward(*qkv(2, 257, 257, hq, hkv, 128), causal=True)
+@pytest.mark.parametrize("dim", [128, 256])
+def test_backward_gqa_group_sums(hq, hkv, dim):
+    check_backward(*qkv(2, 257, 257, hq, hkv, dim), causal=True)
 
 
 @gpu
 @pytest.mark.parametrize("window", [(32, 0), (64, 64), (-1, 16), (100, -1)])
 @pytest.mark.parametrize("sq,sk", [(300, 300), (257, 400), (400, 257)])
-def test_backward_local_windows(window, sq, sk):
-    check_backward(*qkv(1, sq, sk, 2, 2, 128), window_size=window)
+@pytest.mark.parametrize("dim", [128, 192])
+def test_backward_local_windows(window, sq, sk, dim):
+    check_backward(*qkv(1, sq, sk, 2, 2, dim), window_size=window)
 
 
 @gpu
-@pytest.mark.parametrize("dim", [64, 96, 128])
+@pytest.mark.parametrize("dim", BWD_DIMS)
 @pytest.mark.parametrize("kw", [{"causal": True}, {}, {"window_size": (40, 8)}])
 def test_backward_softcap(dim, kw):
     check_backward(*qkv(2, 300, 257, 2, 2, dim, scale=3.0), softcap=10.0, **kw)
@@ -274,17 +276,20 @@ def test_backward_softcap(dim, kw):
 @pytest.mark.parametrize("causal", [False, True])
 def test_backward_long_and_fp16(causal):
     check_backward(*qkv(1, 2048, 2048, 2, 1, 128), causal=causal)
+    check_backward(*qkv(1, 1500, 1500, 2, 1, 256), causal=causal)
     check_backward(*qkv(2, 300, 257, 2, 2, 64, dtype=torch.float16), causal=causal)
+    check_backward(*qkv(2, 300, 257, 2, 2, 192, dtype=torch.float16), causal=causal)
 
 
 @gpu
 @pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (40, 8)}])
-def test_backward_varlen(kw):
+@pytest.mark.parametrize("dim", [128, 192, 256])
+def test_backward_varlen(kw, dim):
     lens_q, lens_k = [5, 0, 300, 128, 1, 77], [7, 3, 300, 0, 200, 77]
     cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).int()
     cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).int()
-    q = torch.randn(sum(lens_q), 4, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(sum(lens_k), 2, 128, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(sum(lens_q), 4, dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(sum(lens_k), 2, dim, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     dout = torch.randn_like(q)
     ours = grads(lambda *t: ck.flash_attn_varlen(*t, cu_q, cu_k, max(lens_q), max(lens_k), **kw),
@@ -300,8 +305,9 @@ def test_backward_varlen(kw):
 @gpu
 @pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (100, 30)}])
 @pytest.mark.parametrize("sq,sk", [(1000, 1000), (300, 1100), (1100, 300)])
-def test_backward_deterministic_is_bit_identical_and_correct(kw, sq, sk):
-    q, k, v = qkv(2, sq, sk, 4, 2, 128)
+@pytest.mark.parametrize("dim", [128, 192])
+def test_backward_deterministic_is_bit_identical_and_correct(kw, sq, sk, dim):
+    q, k, v = qkv(2, sq, sk, 4, 2, dim)
     dout = torch.randn_like(q)
     runs = [grads(lambda *t: ck.flash_attn(*t, deterministic=True, **kw), q, k, v, dout) for _ in range(3)]
     for later in runs[1:]:
@@ -338,10 +344,11 @@ def test_backward_varlen_deterministic_is_bit_identical(causal):
 
 
 @gpu
-def test_backward_gradient_buffers_poisoned_with_nan_are_fully_written():
+@pytest.mark.parametrize("dim", [128, 256])
+def test_backward_gradient_buffers_poisoned_with_nan_are_fully_written(dim):
     from cute_kernels.attention.op import flash_attn_bwd
 
-    q, k, v = qkv(2, 200, 150, 4, 2, 128)
+    q, k, v = qkv(2, 200, 150, 4, 2, dim)
     out, lse = ck.flash_attn(q, k, v, causal=True, return_lse=True)
     dout = torch.randn_like(out)
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
@@ -351,15 +358,12 @@ def test_backward_gradient_buffers_poisoned_with_nan_are_fully_written():
 
 
 @gpu
-def test_backward_refuses_unsupported_head_dims_before_running():
+def test_backward_refuses_deterministic_at_head_dim_256_before_running():
     q, k, v = (t.requires_grad_() for t in qkv(1, 64, 64, 2, 2, 256))
-    with pytest.raises(ck.UnsupportedError, match="backward"):
-        ck.flash_attn(q, k, v)
-    q, k, v = (t.requires_grad_() for t in qkv(1, 64, 64, 2, 2, 192))
-    with pytest.raises(ck.UnsupportedError, match="softcap"):
-        ck.flash_attn(q, k, v, softcap=5.0)
+    with pytest.raises(ck.UnsupportedError, match="deterministic=True.*256"):
+        ck.flash_attn(q, k, v, deterministic=True)
     with torch.no_grad():
-        assert ck.flash_attn(q, k, v, softcap=5.0).shape == q.shape
+        assert ck.flash_attn(q, k, v, deterministic=True).shape == q.shape
 
 
 @gpu

@@ -122,6 +122,9 @@ class FlashAttnBwdSm90:
         # would cut K's 32-column swizzle atoms, so warpgroup 0 computes all of dQ.
         self.dq_wgs = 1 if config.head_dim == 96 else 2
         self.dq_cols = config.head_dim // self.dq_wgs
+        self.wg_keys = 64  # keys per MMA warpgroup's score tile
+        self.queries_on_rows = False  # score tiles are S^T: keys on rows, queries on columns
+        self.dq_atomic = False  # dQ by TMA bulk reduce from shared memory (else red.global)
 
     # ------------------------------------------------------------------ host side
 
@@ -131,19 +134,8 @@ class FlashAttnBwdSm90:
             sm90_utils.get_smem_layout_atom(layout, dtype, major_size), dtype)
         return cute.tile_to_shape(atom, shape, order=order)
 
-    @cute.jit
-    def __call__(self, mQ, mK, mV, mdO, mLSE, mD, mdQ, mdK, mdV, mCuSeqlensQ, mCuSeqlensK, mSem,
-                 scale_log2: Float32, softcap_prescale: Float32, dk_scale: Float32,
-                 window_left: Int32, window_right: Int32, max_seqlen_k: Int32, stream):
-        cfg = self.config
-        self.dtype = mQ.element_type
-        varlen = const_expr(cfg.varlen)
-        modes = [0, 2, 1] if varlen else [1, 3, 2, 0]  # (rows, D, H[, B])
-        q, k, v, do, dq = (_select(t, modes) for t in (mQ, mK, mV, mdO, mdQ))
-        dk, dv = _select(mdK, modes), _select(mdV, modes)
-        row_modes = [1, 0] if varlen else [2, 1, 0]  # (rows, H[, B])
-        lse, dsum = _select(mLSE, row_modes), _select(mD, row_modes)
-        d, tm, tn, st = self.head_dim, self.tile_m, self.tile_n, cfg.stages
+    def _tiles(self, d, tm, tn, st):
+        """Shared-memory layouts and tiled MMAs of the main loop."""
         row_major = tensor_utils.LayoutEnum.ROW_MAJOR
         self.sQ_layout = self._smem(self.dtype, row_major, d, (tm, d, st), (0, 1, 2))
         self.sK_layout = self._smem(self.dtype, row_major, d, (tn, d), (0, 1))
@@ -162,6 +154,22 @@ class FlashAttnBwdSm90:
         self.mma_s = mma(cute.nvgpu.OperandMajorMode.K, tm, "smem")  # S^T, dP^T (64 keys x tm)
         self.mma_kv = mma(cute.nvgpu.OperandMajorMode.MN, d, "rmem")  # dV, dK (64 keys x D)
         self.mma_dq = mma(cute.nvgpu.OperandMajorMode.MN, self.dq_cols, "smem_mn")  # tm x D / 2
+        self.sdQ_elems = cute.cosize(self.sdQ_layout)
+
+    @cute.jit
+    def __call__(self, mQ, mK, mV, mdO, mLSE, mD, mdQ, mdK, mdV, mCuSeqlensQ, mCuSeqlensK, mSem,
+                 scale_log2: Float32, softcap_prescale: Float32, dk_scale: Float32,
+                 window_left: Int32, window_right: Int32, max_seqlen_k: Int32, stream):
+        cfg = self.config
+        self.dtype = mQ.element_type
+        varlen = const_expr(cfg.varlen)
+        modes = [0, 2, 1] if varlen else [1, 3, 2, 0]  # (rows, D, H[, B])
+        q, k, v, do, dq = (_select(t, modes) for t in (mQ, mK, mV, mdO, mdQ))
+        dk, dv = _select(mdK, modes), _select(mdV, modes)
+        row_modes = [1, 0] if varlen else [2, 1, 0]  # (rows, H[, B])
+        lse, dsum = _select(mLSE, row_modes), _select(mD, row_modes)
+        d, tm, tn, st = self.head_dim, self.tile_m, self.tile_n, cfg.stages
+        self._tiles(d, tm, tn, st)
         load = cpasync.CopyBulkTensorTileG2SOp()
         one_stage = cute.slice_(self.sQ_layout, (None, None, 0))
         tma_q, tma_tensor_q = cpasync.make_tiled_tma_atom(load, q, one_stage, (tm, d))
@@ -171,9 +179,11 @@ class FlashAttnBwdSm90:
         row_tile = cute.make_layout(tm)
         tma_lse, tma_tensor_lse = cpasync.make_tiled_tma_atom(load, lse, row_tile, (tm,))
         tma_dsum, tma_tensor_dsum = cpasync.make_tiled_tma_atom(load, dsum, row_tile, (tm,))
-        tma_dq, tma_tensor_dq = cpasync.make_tiled_tma_atom(
-            cpasync.CopyReduceBulkTensorTileS2GOp(), dq,
-            cute.slice_(self.sdQ_layout, (None, None, 0)), (tm, self.dq_cols))
+        tma_dq, tma_tensor_dq = None, dq  # dq_atomic: the kernel adds into dq itself
+        if const_expr(not self.dq_atomic):
+            tma_dq, tma_tensor_dq = cpasync.make_tiled_tma_atom(
+                cpasync.CopyReduceBulkTensorTileS2GOp(), dq,
+                cute.slice_(self.sdQ_layout, (None, None, 0)), (tm, self.dq_cols))
         self.qdo_bytes = 2 * cute.size_in_bytes(self.dtype, one_stage) + 2 * tm * 4
         self.kv_bytes = 2 * cute.size_in_bytes(self.dtype, self.sK_layout)
 
@@ -188,7 +198,7 @@ class FlashAttnBwdSm90:
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sK_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sdS_layout)], 1024]
-            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(self.sdQ_layout)], 1024]
+            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, self.sdQ_elems], 1024]
 
         self.storage = Storage
         heads, heads_kv = q.shape[2], k.shape[2]
@@ -218,8 +228,10 @@ class FlashAttnBwdSm90:
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp == 0:
-            for atom in (tma_q, tma_do, tma_k, tma_v, tma_lse, tma_dsum, tma_dq):
+            for atom in (tma_q, tma_do, tma_k, tma_v, tma_lse, tma_dsum):
                 cpasync.prefetch_descriptor(atom)
+            if const_expr(not self.dq_atomic):
+                cpasync.prefetch_descriptor(tma_dq)
         storage = cutlass.memory.SmemAllocator().allocate(self.storage)
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread)
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)  # the MMA warps
@@ -236,7 +248,9 @@ class FlashAttnBwdSm90:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
-        sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
+        sdQ = None
+        if const_expr(not self.dq_atomic):
+            sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
         rows_layout = cute.make_layout((self.tile_m, cfg.stages))
         sLSE = storage.sLSE.get_tensor(rows_layout)
         sD = storage.sD.get_tensor(rows_layout)
@@ -256,10 +270,11 @@ class FlashAttnBwdSm90:
                     self.load(tma_q, tma_do, tma_k, tma_v, tma_lse, tma_dsum, mQ, mdO, mK, mV,
                               mLSE, mD, sQ, sdO, sK, sV, sLSE, sD, pipe_kv, pipe_qdo, work)
                 elif warp == REDUCE_WARP:
-                    self.reduce_dq(tma_dq, mdQ, sdQ, mSem, work, window_right)
+                    if const_expr(not self.dq_atomic):
+                        self.reduce_dq(tma_dq, mdQ, sdQ, mSem, work, window_right)
             else:
                 cute.arch.setmaxregister_increase(MMA_REGISTERS)
-                self.mma(mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, mdK, mdV,
+                self.mma(mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, mdQ, mdK, mdV,
                          pipe_kv, pipe_qdo, work, scale_log2, softcap_prescale, dk_scale,
                          window_left, window_right, tidx - 128)
 
@@ -432,7 +447,7 @@ class FlashAttnBwdSm90:
         cute.arch.cp_async_bulk_wait_group(0, read=False)
 
     @cute.jit
-    def mma(self, mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, mdK, mdV, pipe_kv,
+    def mma(self, mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, mdQ, mdK, mdV, pipe_kv,
             pipe_qdo, work, scale_log2, softcap_prescale, dk_scale, window_left, window_right,
             tidx):
         """MMA warpgroups: 64 keys each, over every step; then dK and dV out."""
@@ -545,8 +560,9 @@ class FlashAttnBwdSm90:
         # dK, dV out (softmax scale on dK; dQ's comes with the accumulator's final scaling).
         for j in cutlass.range(cute.size(acc_dk), unroll_full=True):
             acc_dk[j] = acc_dk[j] * dk_scale
-        self.store_kv(mma_kv, acc_dk, mdK, seq, n_block, head_kv, batch, wg, tidx)
-        self.store_kv(mma_kv, acc_dv, mdV, seq, n_block, head_kv, batch, wg, tidx)
+        tile, coord, row0 = (64, d), (n_block * 2 + wg, 0), n_block * self.tile_n + wg * 64
+        self.store_kv(mma_kv, acc_dk, mdK, seq, head_kv, batch, tile, coord, row0, tidx)
+        self.store_kv(mma_kv, acc_dv, mdV, seq, head_kv, batch, tile, coord, row0, tidx)
 
     @cute.jit
     def store_ds_t(self, tKrdS, base):
@@ -576,12 +592,12 @@ class FlashAttnBwdSm90:
 
     @cute.jit
     def on_edge(self, key0, q0, seq, window_left, window_right):
-        """Whether this warpgroup's 64 keys x tile_m queries need any masking: past either
+        """Whether this warpgroup's keys x tile_m queries need any masking: past either
         sequence's end, or (``local``) not wholly inside every query's window."""
-        edge = key0 + 64 > seq.seqlen_k or q0 + self.tile_m > seq.seqlen_q
+        edge = key0 + self.wg_keys > seq.seqlen_k or q0 + self.tile_m > seq.seqlen_q
         if const_expr(self.config.local):
             offset = seq.seqlen_k - seq.seqlen_q
-            edge = (edge or key0 + 63 > q0 + offset + window_right
+            edge = (edge or key0 + self.wg_keys - 1 > q0 + offset + window_right
                     or key0 < q0 + self.tile_m - 1 + offset - window_left)
         return edge
 
@@ -607,55 +623,76 @@ class FlashAttnBwdSm90:
             self.probabilities(acc_s, coords, lse, scale_log2, key0, q0, seq, window_left,
                                window_right, False)
 
+    def _element(self, query: int, key: int):
+        """(row, column) in a thread's score fragment of its query index ``query`` and key
+        index ``key`` (S^T: keys on rows; ``queries_on_rows``: S)."""
+        return (query, key) if self.queries_on_rows else (key, query)
+
+    def _counts(self, s: cute.Tensor):
+        """(queries, keys) a thread holds in its score fragment ``s`` (rows, columns)."""
+        rows, cols = cute.size(s, mode=[0]), cute.size(s, mode=[1])
+        return (rows, cols) if self.queries_on_rows else (cols, rows)
+
     @cute.jit
     def probabilities(self, acc_s, coords, lse, scale_log2, key0, q0, seq, window_left,
                       window_right, mask: cutlass.Constexpr):
-        """P^T = exp2(S^T * scale * log2 e - LSE * log2 e) in place of S^T; with ``mask``, 0
-        where key (row) and query (column) may not meet. Query rows past the sequence hold
-        any finite LSE (TMA fills zeros past the tensor): they are masked."""
+        """P = exp2(S * scale * log2 e - LSE * log2 e) in place of the scores; with ``mask``, 0
+        where key and query may not meet. Query rows past the sequence hold any finite LSE
+        (TMA fills zeros past the tensor): they are masked."""
         s = rows_cols(acc_s)
-        for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
-            q = q0 + coords[0, c][1]
-            row_lse = lse[0, c]
-            for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+        queries, keys = self._counts(s)
+        qa = 0 if const_expr(self.queries_on_rows) else 1
+        for i in cutlass.range_constexpr(queries):
+            r0, c0 = self._element(i, 0)
+            q = q0 + coords[r0, c0][qa]
+            row_lse = lse[r0, c0]
+            for j in cutlass.range_constexpr(keys):
+                r, c = self._element(i, j)
                 score = s[r, c]
                 if const_expr(mask):
-                    score = self._visible(score, key0 + coords[r, 0][0], q, seq, window_left,
-                                          window_right)
+                    score = self._visible(score, key0 + coords[r, c][1 - qa], q, seq,
+                                          window_left, window_right)
                 s[r, c] = cute.math.exp2(score * scale_log2 - row_lse, fastmath=True)
 
     @cute.jit
     def score_gradients(self, acc_p, acc_dp, dsum):
-        """dS^T = P^T (dP^T - D) in place of dP^T."""
+        """dS = P (dP - D) in place of dP."""
         p, dp = rows_cols(acc_p), rows_cols(acc_dp)
-        for c in cutlass.range_constexpr(cute.size(p, mode=[1])):
-            row_d = dsum[0, c]
-            for r in cutlass.range_constexpr(cute.size(p, mode=[0])):
+        queries, keys = self._counts(p)
+        for i in cutlass.range_constexpr(queries):
+            r0, c0 = self._element(i, 0)
+            row_d = dsum[r0, c0]
+            for j in cutlass.range_constexpr(keys):
+                r, c = self._element(i, j)
                 dp[r, c] = p[r, c] * (dp[r, c] - row_d)
 
     @cute.jit
     def softcap_gradients(self, acc_t, acc_dp, dsum):
-        """Softcap: dP^T -> (dP^T - D) (1 - T^2) in place, T = tanh(S^T * scale / cap) (finite),
-        the derivative of the capped score."""
+        """Softcap: dP -> (dP - D) (1 - T^2) in place, T = tanh(S * scale / cap) (finite), the
+        derivative of the capped score."""
         t, dp = rows_cols(acc_t), rows_cols(acc_dp)
-        for c in cutlass.range_constexpr(cute.size(t, mode=[1])):
-            row_d = dsum[0, c]
-            for r in cutlass.range_constexpr(cute.size(t, mode=[0])):
+        queries, keys = self._counts(t)
+        for i in cutlass.range_constexpr(queries):
+            r0, c0 = self._element(i, 0)
+            row_d = dsum[r0, c0]
+            for j in cutlass.range_constexpr(keys):
+                r, c = self._element(i, j)
                 dp[r, c] = (dp[r, c] - row_d) * (Float32(1.0) - t[r, c] * t[r, c])
 
     @cute.jit
-    def store_kv(self, mma_kv, acc, mOut, seq, n_block, head_kv, batch, wg, tidx):
-        """This warpgroup's 64 key rows of dK or dV, in the output dtype, rows past the
-        sequence left alone. A thread holds pairs of adjacent columns: one 32-bit store each."""
+    def store_kv(self, mma_kv, acc, mOut, seq, head_kv, batch, tile, coord, row0, tidx):
+        """This warpgroup's ``tile`` of dK or dV (at tile coordinate ``coord``, first key row
+        ``row0``), in the output dtype, rows past the sequence left alone. A thread holds
+        pairs of adjacent columns: one 32-bit store each."""
         out = cute.make_rmem_tensor(acc.shape, self.dtype)
         convert_pairs(acc, out)
         rows = self._rows(mOut, seq.offset_k, head_kv, batch)
-        g = cute.local_tile(rows, (64, self.head_dim), (n_block * 2 + wg, 0))
+        g = cute.local_tile(rows, tile, coord)
         thr = mma_kv.get_slice(tidx % 128)
         tg = cute.recast_tensor(thr.partition_C(g), Int32)
         pairs = cute.recast_tensor(out, Int32)
-        tc = thr.partition_C(cute.make_identity_tensor((64, self.head_dim)))
-        rows_left = seq.seqlen_k - (n_block * self.tile_n + wg * 64)
+        tc = thr.partition_C(cute.make_identity_tensor(tile))
+        rows_left = seq.seqlen_k - row0
         for j in cutlass.range(cute.size(pairs), unroll_full=True):
             if tc[2 * j][0] < rows_left:
                 tg[j] = pairs[j]

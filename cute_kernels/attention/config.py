@@ -98,7 +98,7 @@ def all_fwd_configs() -> list[AttentionFwdConfig]:
 class AttentionBwdConfig:
     head_dim: int
     tile_m: int = 64  # query rows per step
-    tile_n: int = 128  # key rows per CTA: 64 per MMA warpgroup
+    tile_n: int = 128  # key rows per CTA: 64 per MMA warpgroup (head dims above 128: 64 per CTA)
     stages: int = 2  # Q / dO pipeline depth
     local: bool = False
     softcap: bool = False
@@ -106,10 +106,15 @@ class AttentionBwdConfig:
     deterministic: bool = False  # dQ summed in a fixed key-block order (semaphores)
 
 
-BWD_HEAD_DIMS = (64, 96, 128)
-# Softcap's backward turns S^T into its tanh in place and folds the tanh's derivative into
-# dP^T - D before P^T is formed, so it holds no more than the plain backward (no spills at 128).
+BWD_HEAD_DIMS = (64, 96, 128, 192, 256)
+# Softcap's backward turns the scores into their tanh in place and folds the tanh's derivative
+# into dP - D before P is formed, so it holds no more than the plain backward (no spills).
 BWD_SOFTCAP_HEAD_DIMS = BWD_HEAD_DIMS
+# Past 128 the two MMA warpgroups split the head dim (``bwd_wide_sm90.py``): 64 keys per CTA.
+# At 256, dQ is added with atomics from registers (no shared memory left for its tile), so its
+# order of summation is not fixed.
+BWD_WIDE_HEAD_DIMS = (192, 256)
+BWD_DETERMINISTIC_HEAD_DIMS = (64, 96, 128, 192)
 
 
 def bwd_supported(head_dim: int, softcap: bool) -> bool:
@@ -119,12 +124,14 @@ def bwd_supported(head_dim: int, softcap: bool) -> bool:
 @functools.lru_cache(maxsize=256)
 def attention_bwd_config(head_dim: int, *, local: bool, softcap: bool, varlen: bool,
                          deterministic: bool = False) -> AttentionBwdConfig:
-    return AttentionBwdConfig(head_dim, local=local, softcap=softcap, varlen=varlen,
-                              deterministic=deterministic)
+    tile_n = 64 if head_dim in BWD_WIDE_HEAD_DIMS else 128
+    return AttentionBwdConfig(head_dim, tile_n=tile_n, local=local, softcap=softcap,
+                              varlen=varlen, deterministic=deterministic)
 
 
 def all_bwd_configs() -> list[AttentionBwdConfig]:
     """Every backward configuration the op can launch."""
     return [attention_bwd_config(d, local=local, softcap=softcap, varlen=varlen, deterministic=det)
             for d in BWD_HEAD_DIMS for local in (False, True) for softcap in (False, True)
-            for varlen in (False, True) for det in (False, True) if bwd_supported(d, softcap)]
+            for varlen in (False, True) for det in (False, True)
+            if bwd_supported(d, softcap) and (not det or d in BWD_DETERMINISTIC_HEAD_DIMS)]

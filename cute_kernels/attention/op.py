@@ -18,7 +18,8 @@ from ..runtime.arch import sm_count
 from ..runtime.compile import ScalarSpec, StreamSpec, Sym, TensorSpec, get_kernel
 from ..runtime.dtypes import dtype_name
 from ..runtime.errors import check_tensor, describe
-from .config import BWD_HEAD_DIMS, BWD_SOFTCAP_HEAD_DIMS, HEAD_DIMS, attention_bwd_config, attention_fwd_config, bwd_supported
+from .config import (BWD_DETERMINISTIC_HEAD_DIMS, BWD_HEAD_DIMS, BWD_SOFTCAP_HEAD_DIMS, BWD_WIDE_HEAD_DIMS,
+                     HEAD_DIMS, attention_bwd_config, attention_fwd_config, bwd_supported)
 
 DTYPES = (torch.bfloat16, torch.float16)
 ALIGN = 8  # elements: TMA needs every non-unit stride (and the data pointer) on 16 bytes
@@ -82,7 +83,6 @@ def compile_configurations(quick: bool = False) -> list:
     if quick:
         configs = [c for c in configs if c.head_dim == 128 and not c.softcap and not c.varlen]
         dtypes = ("bfloat16",)
-    from .bwd_sm90 import FlashAttnBwdSm90
     from .config import all_bwd_configs
 
     bwd = all_bwd_configs()
@@ -93,7 +93,7 @@ def compile_configurations(quick: bool = False) -> list:
     dims = (128,) if quick else BWD_HEAD_DIMS
     return ([(FlashAttnFwdSm90, cfg, kernel_specs(dtype, cfg.head_dim, cfg.varlen))
              for cfg in configs for dtype in dtypes]
-            + [(FlashAttnBwdSm90, cfg, bwd_kernel_specs(dtype, cfg.head_dim, cfg.varlen))
+            + [(_bwd_class(cfg.head_dim), cfg, bwd_kernel_specs(dtype, cfg.head_dim, cfg.varlen))
                for cfg in bwd for dtype in dtypes]
             + [(RowDotSm90, row_dot_config(d), row_dot_specs(dtype, d))
                for d in dims for dtype in dtypes])
@@ -223,12 +223,22 @@ def _compiled(kind: str, config, dtype: torch.dtype, device_index: int):
 
         return get_kernel(FlashAttnFwdSm90, config, kernel_specs(name, config.head_dim, config.varlen))
     if kind == "bwd":
-        from .bwd_sm90 import FlashAttnBwdSm90
-
-        return get_kernel(FlashAttnBwdSm90, config, bwd_kernel_specs(name, config.head_dim, config.varlen))
+        return get_kernel(_bwd_class(config.head_dim), config,
+                          bwd_kernel_specs(name, config.head_dim, config.varlen))
     from .preprocess import RowDotSm90
 
     return get_kernel(RowDotSm90, row_dot_config(config), row_dot_specs(name, config))
+
+
+def _bwd_class(head_dim: int):
+    """The backward kernel's class for a head dim (the kernel modules: imported when needed)."""
+    if head_dim in BWD_WIDE_HEAD_DIMS:
+        from .bwd_wide_sm90 import FlashAttnBwdWideSm90
+
+        return FlashAttnBwdWideSm90
+    from .bwd_sm90 import FlashAttnBwdSm90
+
+    return FlashAttnBwdSm90
 
 
 def _row_dot(out: torch.Tensor, dout: torch.Tensor) -> torch.Tensor:
@@ -339,13 +349,18 @@ def _window(causal: bool, window_size, unbounded: int) -> tuple[bool, int, int]:
     return local, (left if left >= 0 else unbounded), (right if right >= 0 else unbounded)
 
 
-def _check_backward(head_dim: int, softcap: float) -> None:
+def _check_backward(head_dim: int, softcap: float, deterministic: bool) -> None:
     if not bwd_supported(head_dim, softcap > 0):
         dims = BWD_SOFTCAP_HEAD_DIMS if softcap > 0 else BWD_HEAD_DIMS
         what = "with softcap " if softcap > 0 else ""
         raise UnsupportedError(
             f"the backward of flash_attn {what}supports head dims {', '.join(map(str, dims))}; got "
             f"{head_dim} (call it without gradients: torch.no_grad() or detached inputs)")
+    if deterministic and head_dim not in BWD_DETERMINISTIC_HEAD_DIMS:
+        raise UnsupportedError(
+            f"deterministic=True: the backward sums dQ in a fixed order at head dims "
+            f"{', '.join(map(str, BWD_DETERMINISTIC_HEAD_DIMS))}; got {head_dim} (its dQ adds are "
+            f"atomic: pass deterministic=False)")
 
 
 class _FlashAttn(torch.autograd.Function):
@@ -369,11 +384,11 @@ def _needs_grad(q, k, v) -> bool:
     return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
 
-def _attend(q, k, v, fwd, bwd, softcap, return_lse):
+def _attend(q, k, v, fwd, bwd, softcap, deterministic, return_lse):
     """``fwd(q, k, v)``, through the autograd Function (with ``bwd``) when a gradient is needed
     (refused before running where the backward does not exist)."""
     if _needs_grad(q, k, v):
-        _check_backward(q.shape[-1], softcap)
+        _check_backward(q.shape[-1], softcap, deterministic)
         out, lse = _FlashAttn.apply(q, k, v, fwd, bwd)
     else:
         out, lse = fwd(q, k, v)
@@ -479,9 +494,10 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: flo
       - head dim 64, 96, 128, 192 or 256, the same for q, k and v; fp32 accumulation
       - the head dim contiguous; other strides that are not multiples of 8 elements (or a data
         pointer not on 16 bytes) cost a copy of that tensor
-      - differentiable for head dims 64, 96 and 128 (with or without softcap); with gradients
-        required at another head dim the call raises before running. dQ is summed with atomic
-        adds, so gradients are bit-identical from run to run only with ``deterministic=True``
+      - differentiable at every head dim (with or without softcap). dQ is summed with atomic
+        adds, so gradients are bit-identical from run to run only with ``deterministic=True``,
+        which head dim 256 does not support (its dQ adds are per-thread atomics; the call
+        raises before running)
     """
     key = _plan_key(q, k, v, softmax_scale, causal, window_size, softcap, dropout_p, alibi_slopes,
                     return_lse)
@@ -506,7 +522,7 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: flo
         return _batch_backward(q, k, v, out, lse, dout, scale, causal, window_size, softcap,
                                bool(deterministic))
 
-    return _attend(q, k, v, fwd, bwd, softcap, return_lse)
+    return _attend(q, k, v, fwd, bwd, softcap, deterministic, return_lse)
 
 
 def _check_cu_seqlens(name: str, cu: torch.Tensor, device, batch: int | None):
@@ -574,4 +590,4 @@ def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        scale, local, left, right, float(softcap), bool(deterministic))
         return dq, dk, dv
 
-    return _attend(q, k, v, fwd, bwd, softcap, return_lse)
+    return _attend(q, k, v, fwd, bwd, softcap, deterministic, return_lse)
