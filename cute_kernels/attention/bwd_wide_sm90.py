@@ -144,9 +144,12 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_kv.consumer_wait(kv_state)
+        # ``state``: the step being worked on; ``held``: the oldest step whose Q / dO stage is
+        # still read (the previous step's dV and dK run under this step's scores).
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, st)
+        held = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, st)
         head, m_block, left = self._first_step(work)
-        for _ in range(steps):
+        for i in range(steps):
             q0 = m_block * tm
             b = state.index
             pipe_qdo.consumer_wait(state)
@@ -173,6 +176,9 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
                                         window_left, window_right, mask)
                 warpgroup.wait_group(0)
                 self.score_gradients(acc_s, acc_dp, dsum)
+            if i > 0:  # the previous step's GEMMs are done: its Q and dO are free
+                pipe_qdo.consumer_release(held)
+                held.advance()
             self.store_scores(acc_s, tSsPdS[None, None, None, 2 * b])
             self.store_scores(acc_dp, tSsPdS[None, None, None, 2 * b + 1])
             cute.arch.fence_view_async_shared()
@@ -181,7 +187,7 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
             warpgroup_gemm(mma_dq, acc_dq, tQrdS[None, None, None, 2 * b + 1], tQrK, True)
             warpgroup_gemm(mma_kv, acc_dv, tKrPdS[None, None, None, 2 * b], tKrdO[None, None, None, b], False)
             warpgroup_gemm(mma_kv, acc_dk, tKrPdS[None, None, None, 2 * b + 1], tKrQ[None, None, None, b], False)
-            warpgroup.wait_group(2)  # dQ done, dV and dK in flight
+            warpgroup.wait_group(2)  # dQ done; dV and dK run on under the next step's scores
             if const_expr(self.dq_atomic):
                 self.add_dq(mma_dq, acc_dq, mdQ, seq, head, batch, m_block, wg, tidx)
             else:
@@ -189,10 +195,11 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
                 cute.autovec_copy(acc_dq, tQsdQ)
                 cute.arch.fence_view_async_shared()
                 cute.arch.barrier_arrive(barrier_id=dq_full, number_of_threads=160)
-            warpgroup.wait_group(0)
-            pipe_qdo.consumer_release(state)
             state.advance()
             head, m_block, left = self._next_step(work, head, m_block, left)
+        warpgroup.wait_group(0)
+        if steps > 0:
+            pipe_qdo.consumer_release(held)
         for j in cutlass.range(cute.size(acc_dk), unroll_full=True):
             acc_dk[j] = acc_dk[j] * dk_scale
         tile, coord, row0 = (tn, dh), (n_block, wg), n_block * tn
