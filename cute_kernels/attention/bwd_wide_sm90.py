@@ -1,32 +1,39 @@
 """FlashAttention-2 backward for Hopper (sm_90a) at head dims 192 and 256.
 
-The backward of ``bwd_sm90.py`` keeps each MMA warpgroup's dK and dV over all of D in
-registers (D / 2 fp32 values each per thread): past D = 128 they no longer fit beside the
-score fragments. Here the two MMA warpgroups split the head dim instead:
+The backward of ``bwd_sm90.py`` keeps each MMA warpgroup's dK and dV for 64 keys over all of
+D in registers (D / 2 fp32 values each per thread): past D = 128 they no longer fit beside the
+score fragments. Here the two MMA warpgroups split the CTA's keys and compute dK and dV
+transposed, so D runs along the MMA's M (any multiple of 64) and a warpgroup's share of keys
+(40-48 values) along N:
 
-  - One CTA per block of 64 keys (K and V resident in shared memory), walking the query heads
-    of its group and their blocks of 64 queries, Q / dO / LSE / D streamed by the producer
-    warp through the same TMA pipeline as ``bwd_sm90.py`` (its ``load``, walk and masks).
-  - Scores: S = Q K^T and dP = dO V^T, each warpgroup for its 32 of the CTA's keys (queries on
-    the fragment's rows), P and dS = P (dP - D) in registers, then both in bf16 / fp16 to a
-    shared (queries x keys) tile per pipeline stage.
-  - After one 256-thread barrier, each warpgroup owns half of D's columns: dV += P^T dO and
-    dK += dS^T Q over all 64 keys (fp32 registers, D / 4 values each per thread) and
-    dQ = dS K for the step's queries, every operand from shared memory.
-  - dQ: at D = 192 into a swizzled fp32 tile per warpgroup, added into the global fp32
-    accumulator by the reduce warp's TMA bulk reduce (``reduce_dq``); at D = 256 the shared
-    memory is spent (Q, dO: two stages of 32 KB each; K, V 32 KB each; P, dS 32 KB), so each
-    thread adds its dQ pairs straight from registers (``red.global.add.v2.f32``).
+  - One CTA per block of ``tile_n`` keys (K and V resident in shared memory), walking the
+    query heads of its group and their blocks of 64 queries; Q / dO / LSE / D streamed by the
+    producer warp through the TMA pipeline of ``bwd_sm90.py`` (its ``load``, walk and masks).
+  - Scores: S = Q K_w^T and dP = dO V_w^T for warpgroup w's tile_n / 2 keys (queries on the
+    fragment's rows), P and dS = P (dP - D) in registers, both stored in bf16 / fp16 to a
+    queries-contiguous (queries x keys) tile per pipeline stage.
+  - Once its own P and dS are stored (a 128-thread barrier), a warpgroup adds
+    dV_w^T += dO^T P_w and dK_w^T += Q^T dS_w (D x its keys, fp32 registers: D tile_n / 256
+    values each per thread); after a 256-thread barrier both halves of dS are in, and
+    warpgroup w computes dQ = dS K for its half of D's columns. Every operand comes from
+    shared memory.
+  - The larger the key block, the less Q / dO reading and dQ adding per FLOP: the kernel is
+    bound by L2 throughput (Nsight Compute: 91% at 64-key blocks), so head dim 192 takes
+    96-key blocks, with dQ added straight from registers (``red.global.add.v2.f32``: no room
+    for an fp32 tile). 64-key blocks at head dim 256 (its smem holds no more) and at 192 with
+    ``deterministic``, where dQ goes through a swizzled fp32 tile per warpgroup and the
+    reduce warp's TMA bulk reduce in a fixed order (``reduce_dq``).
   - At D = 192 the D-contiguous tiles use 32-column (64-byte swizzle) atoms, so a
-    warpgroup's 96 columns are whole atoms of the MN-major operands.
+    warpgroup's 96 columns of K are whole atoms of dQ's MN-major B operand.
 
 Softcap and the masks as ``bwd_sm90.py`` (its ``probabilities``, ``score_gradients``,
 ``softcap_gradients`` and ``on_edge``, here with queries on the fragment's rows).
 
 Constraints:
-  - head dim 192 or 256; tile_m 64, tile_n 64, two Q / dO stages
+  - head dim 192 (tile_n 96, or 64 with ``deterministic``) or 256 (tile_n 64); tile_m 64,
+    two Q / dO stages
   - bf16 or fp16; strides, LSE / D rows and the dQ accumulator as ``bwd_sm90.py``
-  - ``deterministic`` only at head dim 192 (dQ's adds at 256 are atomic)
+  - ``deterministic`` only at head dim 192 (dQ's adds from registers are unordered)
 """
 
 from __future__ import annotations
@@ -68,16 +75,20 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
     """See the module docstring. ``__init__`` takes only the compile-time configuration."""
 
     def __init__(self, config: AttentionBwdConfig):
-        if (config.tile_m != 64 or config.tile_n != 64 or config.stages != 2
-                or config.head_dim not in WIDE_HEAD_DIMS
-                or (config.deterministic and config.head_dim == 256)):
+        d, tn = config.head_dim, config.tile_n
+        if (config.tile_m != 64 or config.stages != 2 or d not in WIDE_HEAD_DIMS
+                or tn not in ((64, 80) if d == 192 else (64,))
+                or (config.deterministic and d != 192)):
             raise ValueError(f"unsupported backward tiles: {config}")
         self.config = config
-        self.tile_m, self.tile_n, self.head_dim = config.tile_m, config.tile_n, config.head_dim
-        self.dq_wgs, self.dq_cols = 2, config.head_dim // 2
-        self.wg_keys = config.tile_n // 2
+        self.tile_m, self.tile_n, self.head_dim = config.tile_m, tn, d
+        self.dq_wgs, self.dq_cols = 2, d // 2
+        self.wg_keys = tn // 2
         self.queries_on_rows = True
-        self.dq_atomic = config.head_dim == 256
+        # dQ through shared memory and TMA where its fp32 tiles fit (head dim 192), then with
+        # one P / dS buffer; atomics from registers at 256.
+        self.dq_atomic = d == 256
+        self.score_buffers = 2 if self.dq_atomic else 1
 
     def _tiles(self, d, tm, tn, st):
         """Shared-memory layouts and tiled MMAs (module docstring)."""
@@ -85,8 +96,11 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
         atom_cols = 32 if d == 192 else d  # 192: 32-column atoms (each warpgroup's 96 whole)
         self.sQ_layout = self._smem(self.dtype, row_major, atom_cols, (tm, d, st), (0, 1, 2))
         self.sK_layout = self._smem(self.dtype, row_major, atom_cols, (tn, d), (0, 1))
-        # P (index 2 b) and dS (2 b + 1) of pipeline stage b: queries x keys, keys contiguous.
-        self.sdS_layout = self._smem(self.dtype, row_major, tn, (tm, tn, 2 * st), (0, 1, 2))
+        # P (index 2 b) and dS (2 b + 1) of buffer b (the pipeline stage's, or the one buffer):
+        # queries x keys, queries contiguous (the K-major B operand of dV^T / dK^T, the
+        # MN-major A operand of dQ).
+        self.sdS_layout = self._smem(self.dtype, tensor_utils.LayoutEnum.COL_MAJOR, tm,
+                                     (tm, tn, 2 * self.score_buffers), (1, 0, 2))
         self.sdQ_layout = self._smem(Float32, row_major, self.dq_cols, (tm, self.dq_cols, 2),
                                      (0, 1, 2))
         self.sdQ_elems = 32 if self.dq_atomic else cute.cosize(self.sdQ_layout)
@@ -98,14 +112,15 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
                 a_source=warpgroup.OperandSource.SMEM)
 
         self.mma_s = mma(K, K, self.wg_keys)  # S, dP: tm queries x this warpgroup's keys
-        self.mma_kv = mma(MN, MN, self.dq_cols)  # dV, dK: tn keys x D / 2
-        self.mma_dq = mma(K, MN, self.dq_cols)  # dQ: tm queries x D / 2
+        self.mma_kv = mma(MN, K, self.wg_keys)  # dV^T, dK^T: D x this warpgroup's keys
+        self.mma_dq = mma(MN, MN, self.dq_cols)  # dQ: tm queries x D / 2
 
     @cute.jit
     def mma(self, mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sPdS, sdQ, sLSE, sD, mdQ, mdK, mdV,
             pipe_kv, pipe_qdo, work, scale_log2, softcap_prescale, dk_scale, window_left,
             window_right, tidx):
-        """MMA warpgroups: scores for their 32 keys, gradients for their half of D."""
+        """MMA warpgroups: scores, dK and dV for their half of the keys, dQ for their half of
+        D."""
         cfg = self.config
         seq, n_block, head_kv, batch, group, m_min, m_max, steps = work
         wg = cute.arch.make_warp_uniform(tidx // 128)
@@ -115,17 +130,18 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
         tSrdO = mma_s.make_fragment_A(s_ops.partition_A(sdO))
         tSrK = mma_s.make_fragment_B(s_ops.partition_B(cute.local_tile(sK, (wk, d), (wg, 0))))
         tSrV = mma_s.make_fragment_B(s_ops.partition_B(cute.local_tile(sV, (wk, d), (wg, 0))))
-        # (keys, queries) views of P and dS: the MN-major A operands of dV and dK.
-        sPdSt = _transposed(sPdS, (tn, tm, 2 * st), (1, 0, 2))
-        tKrPdS = mma_kv.make_fragment_A(kv_ops.partition_A(sPdSt))
-        half = lambda t: cute.local_tile(t, (dh, tm, st), (wg, 0, 0))  # noqa: E731
-        tKrdO = mma_kv.make_fragment_B(kv_ops.partition_B(half(_transposed(sdO, (d, tm, st), (1, 0, 2)))))
-        tKrQ = mma_kv.make_fragment_B(kv_ops.partition_B(half(_transposed(sQ, (d, tm, st), (1, 0, 2)))))
+        # dV^T = dO^T P_w, dK^T = Q^T dS_w: (D, queries) views of dO and Q, (keys, queries)
+        # views of this warpgroup's P and dS.
+        tKrdO = mma_kv.make_fragment_A(kv_ops.partition_A(_transposed(sdO, (d, tm, st), (1, 0, 2))))
+        tKrQ = mma_kv.make_fragment_A(kv_ops.partition_A(_transposed(sQ, (d, tm, st), (1, 0, 2))))
+        nb = 2 * self.score_buffers
+        own = cute.local_tile(_transposed(sPdS, (tn, tm, nb), (1, 0, 2)), (wk, tm, nb), (wg, 0, 0))
+        tKrPdS = mma_kv.make_fragment_B(kv_ops.partition_B(own))
         tQrdS = mma_dq.make_fragment_A(dq_ops.partition_A(sPdS))
         tQrK = mma_dq.make_fragment_B(dq_ops.partition_B(
             cute.local_tile(_transposed(sK, (d, tn), (1, 0)), (dh, tn), (wg, 0))))
-        acc_dv = cute.make_rmem_tensor(kv_ops.partition_shape_C((tn, dh)), Float32)
-        acc_dk = cute.make_rmem_tensor(kv_ops.partition_shape_C((tn, dh)), Float32)
+        acc_dv = cute.make_rmem_tensor(kv_ops.partition_shape_C((d, wk)), Float32)
+        acc_dk = cute.make_rmem_tensor(kv_ops.partition_shape_C((d, wk)), Float32)
         acc_dv.fill(0.0)
         acc_dk.fill(0.0)
         thr_s = mma_s.get_slice(tidx % 128)
@@ -133,21 +149,19 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
         by_query = cute.make_layout((tm, wk, st), stride=(1, 0, tm))
         tSsLSE = thr_s.partition_C(cute.make_tensor(sLSE.iterator, by_query))
         tSsD = thr_s.partition_C(cute.make_tensor(sD.iterator, by_query))
-        tSsPdS = thr_s.partition_C(cute.local_tile(sPdS, (tm, wk, 2 * st), (0, wg, 0)))
-        thr_dq = mma_dq.get_slice(tidx % 128)
+        tSsPdS = thr_s.partition_C(cute.local_tile(sPdS, (tm, wk, nb), (0, wg, 0)))
         if const_expr(not self.dq_atomic):
-            tQsdQ = thr_dq.partition_C(sdQ[None, None, wg])
+            tQsdQ = mma_dq.get_slice(tidx % 128).partition_C(sdQ[None, None, wg])
             dq_empty = int(AttentionBwdBarrier.DQ_EMPTY) + wg
             dq_full = int(AttentionBwdBarrier.DQ_FULL) + wg
         key0 = n_block * tn + wg * wk
         ds_ready = int(AttentionBwdBarrier.DS_READY)
+        own_ready = int(AttentionBwdBarrier.OWN_SCORES_READY) + wg
+        scores_free = int(AttentionBwdBarrier.SCORES_FREE)
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_kv.consumer_wait(kv_state)
-        # ``state``: the step being worked on; ``held``: the oldest step whose Q / dO stage is
-        # still read (the previous step's dV and dK run under this step's scores).
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, st)
-        held = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, st)
         head, m_block, left = self._first_step(work)
         for i in range(steps):
             q0 = m_block * tm
@@ -176,18 +190,20 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
                                         window_left, window_right, mask)
                 warpgroup.wait_group(0)
                 self.score_gradients(acc_s, acc_dp, dsum)
-            if i > 0:  # the previous step's GEMMs are done: its Q and dO are free
-                pipe_qdo.consumer_release(held)
-                held.advance()
-            self.store_scores(acc_s, tSsPdS[None, None, None, 2 * b])
-            self.store_scores(acc_dp, tSsPdS[None, None, None, 2 * b + 1])
+            p = 2 * b if const_expr(self.score_buffers == 2) else 0
+            if const_expr(self.score_buffers == 1):
+                if i > 0:  # both warpgroups' GEMMs of the previous step are done
+                    cute.arch.barrier(barrier_id=scores_free, number_of_threads=256)
+            self.store_scores(acc_s, tSsPdS[None, None, None, p])
+            self.store_scores(acc_dp, tSsPdS[None, None, None, p + 1])
             cute.arch.fence_view_async_shared()
+            cute.arch.barrier(barrier_id=own_ready, number_of_threads=128)
+            warpgroup_gemm(mma_kv, acc_dv, tKrdO[None, None, None, b], tKrPdS[None, None, None, p], False)
+            warpgroup_gemm(mma_kv, acc_dk, tKrQ[None, None, None, b], tKrPdS[None, None, None, p + 1], False)
             cute.arch.barrier(barrier_id=ds_ready, number_of_threads=256)
             acc_dq = cute.make_rmem_tensor(dq_ops.partition_shape_C((tm, dh)), Float32)
-            warpgroup_gemm(mma_dq, acc_dq, tQrdS[None, None, None, 2 * b + 1], tQrK, True)
-            warpgroup_gemm(mma_kv, acc_dv, tKrPdS[None, None, None, 2 * b], tKrdO[None, None, None, b], False)
-            warpgroup_gemm(mma_kv, acc_dk, tKrPdS[None, None, None, 2 * b + 1], tKrQ[None, None, None, b], False)
-            warpgroup.wait_group(2)  # dQ done; dV and dK run on under the next step's scores
+            warpgroup_gemm(mma_dq, acc_dq, tQrdS[None, None, None, p + 1], tQrK, True)
+            warpgroup.wait_group(0)
             if const_expr(self.dq_atomic):
                 self.add_dq(mma_dq, acc_dq, mdQ, seq, head, batch, m_block, wg, tidx)
             else:
@@ -195,16 +211,31 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
                 cute.autovec_copy(acc_dq, tQsdQ)
                 cute.arch.fence_view_async_shared()
                 cute.arch.barrier_arrive(barrier_id=dq_full, number_of_threads=160)
+            pipe_qdo.consumer_release(state)
             state.advance()
             head, m_block, left = self._next_step(work, head, m_block, left)
-        warpgroup.wait_group(0)
-        if steps > 0:
-            pipe_qdo.consumer_release(held)
         for j in cutlass.range(cute.size(acc_dk), unroll_full=True):
             acc_dk[j] = acc_dk[j] * dk_scale
-        tile, coord, row0 = (tn, dh), (n_block, wg), n_block * tn
-        self.store_kv(mma_kv, acc_dk, mdK, seq, head_kv, batch, tile, coord, row0, tidx)
-        self.store_kv(mma_kv, acc_dv, mdV, seq, head_kv, batch, tile, coord, row0, tidx)
+        self.store_kv_t(mma_kv, acc_dk, mdK, seq, n_block, head_kv, batch, wg, tidx)
+        self.store_kv_t(mma_kv, acc_dv, mdV, seq, n_block, head_kv, batch, wg, tidx)
+
+    @cute.jit
+    def store_kv_t(self, mma_kv, acc, mOut, seq, n_block, head_kv, batch, wg, tidx):
+        """This warpgroup's keys of dK or dV from their transposed (D x keys) fragment, in the
+        output dtype, keys past the sequence left alone."""
+        out = cute.make_rmem_tensor(acc.shape, self.dtype)
+        convert_pairs(acc, out)
+        d, tn, wk = self.head_dim, self.tile_n, self.wg_keys
+        rows = self._rows(mOut, seq.offset_k, head_kv, batch)
+        block = cute.local_tile(rows, (tn, d), (n_block, 0))
+        mine = cute.local_tile(_transposed(block, (d, tn), (1, 0)), (d, wk), (0, wg))
+        thr = mma_kv.get_slice(tidx % 128)
+        tg = thr.partition_C(mine)
+        tc = thr.partition_C(cute.make_identity_tensor((d, wk)))
+        keys_left = seq.seqlen_k - (n_block * tn + wg * wk)
+        for j in cutlass.range(cute.size(out), unroll_full=True):
+            if tc[j][1] < keys_left:
+                tg[j] = out[j]
 
     @cute.jit
     def store_scores(self, acc, tSs):

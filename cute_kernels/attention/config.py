@@ -124,7 +124,11 @@ def bwd_supported(head_dim: int, softcap: bool) -> bool:
 @functools.lru_cache(maxsize=256)
 def attention_bwd_config(head_dim: int, *, local: bool, softcap: bool, varlen: bool,
                          deterministic: bool = False) -> AttentionBwdConfig:
-    tile_n = 64 if head_dim in BWD_WIDE_HEAD_DIMS else 128
+    tile_n = 128
+    if head_dim in BWD_WIDE_HEAD_DIMS:
+        # bwd_wide_sm90.py: the widest key blocks whose tiles fit the shared memory (80 at
+        # 192, with dQ's fp32 tiles and one P / dS buffer; 64 at 256)
+        tile_n = 80 if head_dim == 192 else 64
     return AttentionBwdConfig(head_dim, tile_n=tile_n, local=local, softcap=softcap,
                               varlen=varlen, deterministic=deterministic)
 

@@ -54,3 +54,9 @@ class AttentionBwdBarrier(enum.IntEnum):
     DQ_FULL = 3
     # Both warpgroups' dS^T is in shared memory for the dQ GEMMs: 256 threads.
     DS_READY = 5
+    # Head dims above 128 (``attention/bwd_wide_sm90.py``): warpgroup w's own P and dS are in
+    # shared memory for its dV and dK GEMMs: its 128 threads. Ids OWN_SCORES_READY + w.
+    OWN_SCORES_READY = 6
+    # Head dims above 128 with one P / dS buffer: both warpgroups' GEMMs of the previous step
+    # are done, the buffer may be written again: 256 threads.
+    SCORES_FREE = 8
