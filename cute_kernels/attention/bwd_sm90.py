@@ -502,12 +502,9 @@ class FlashAttnBwdSm90:
 
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_kv.consumer_wait(kv_state)
-        # ``state``: the step being worked on; ``held``: the oldest step whose Q / dO stage is
-        # still read (the previous step's dK runs under this step's scores).
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, st)
-        held = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, st)
         head, m_block, left = self._first_step(work)
-        for i in range(steps):
+        for _ in range(steps):
             q0 = m_block * tm
             b = state.index
             pipe_qdo.consumer_wait(state)
@@ -537,9 +534,6 @@ class FlashAttnBwdSm90:
                                         window_left, window_right, mask)
                 warpgroup.wait_group(0)
                 self.score_gradients(acc_s, acc_dp, dsum)
-            if i > 0:  # the previous step's GEMMs are done: its Q and dO are free
-                pipe_qdo.consumer_release(held)
-                held.advance()
             convert_pairs(as_operand_a(acc_s), tVrP)
             warpgroup_gemm(mma_kv, acc_dv, tVrP, tVrdO[None, None, None, b], False)
             convert_pairs(as_operand_a(acc_dp), tKrdS)
@@ -559,11 +553,10 @@ class FlashAttnBwdSm90:
                 cute.arch.barrier_arrive(barrier_id=dq_full, number_of_threads=160)
             else:
                 warpgroup_gemm(mma_kv, acc_dk, tKrdS, tKrQ[None, None, None, b], False)
+            warpgroup.wait_group(0)
+            pipe_qdo.consumer_release(state)
             state.advance()
             head, m_block, left = self._next_step(work, head, m_block, left)
-        warpgroup.wait_group(0)
-        if steps > 0:
-            pipe_qdo.consumer_release(held)
         # dK, dV out (softmax scale on dK; dQ's comes with the accumulator's final scaling).
         for j in cutlass.range(cute.size(acc_dk), unroll_full=True):
             acc_dk[j] = acc_dk[j] * dk_scale

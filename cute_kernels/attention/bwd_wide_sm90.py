@@ -4,25 +4,28 @@ The backward of ``bwd_sm90.py`` keeps each MMA warpgroup's dK and dV for 64 keys
 D in registers (D / 2 fp32 values each per thread): past D = 128 they no longer fit beside the
 score fragments. Here the two MMA warpgroups split the CTA's keys and compute dK and dV
 transposed, so D runs along the MMA's M (any multiple of 64) and a warpgroup's share of keys
-(40-48 values) along N:
+(32 or 40 keys) along N:
 
   - One CTA per block of ``tile_n`` keys (K and V resident in shared memory), walking the
     query heads of its group and their blocks of 64 queries; Q / dO / LSE / D streamed by the
     producer warp through the TMA pipeline of ``bwd_sm90.py`` (its ``load``, walk and masks).
   - Scores: S = Q K_w^T and dP = dO V_w^T for warpgroup w's tile_n / 2 keys (queries on the
     fragment's rows), P and dS = P (dP - D) in registers, both stored in bf16 / fp16 to a
-    queries-contiguous (queries x keys) tile per pipeline stage.
+    queries-contiguous (queries x keys) tile.
   - Once its own P and dS are stored (a 128-thread barrier), a warpgroup adds
     dV_w^T += dO^T P_w and dK_w^T += Q^T dS_w (D x its keys, fp32 registers: D tile_n / 256
     values each per thread); after a 256-thread barrier both halves of dS are in, and
     warpgroup w computes dQ = dS K for its half of D's columns. Every operand comes from
     shared memory.
   - The larger the key block, the less Q / dO reading and dQ adding per FLOP: the kernel is
-    bound by L2 throughput (Nsight Compute: 91% at 64-key blocks), so head dim 192 takes
-    96-key blocks, with dQ added straight from registers (``red.global.add.v2.f32``: no room
-    for an fp32 tile). 64-key blocks at head dim 256 (its smem holds no more) and at 192 with
-    ``deterministic``, where dQ goes through a swizzled fp32 tile per warpgroup and the
-    reduce warp's TMA bulk reduce in a fixed order (``reduce_dq``).
+    bound by L2 throughput (Nsight Compute: 91% at 64-key blocks). Head dim 192 takes
+    80-key blocks, the widest whose tiles fit with dQ through a swizzled fp32 tile per
+    warpgroup (added by the reduce warp's TMA bulk reduce, in a fixed order with
+    ``deterministic``) and one P / dS buffer (a 256-thread barrier before it is written
+    again). Head dim 256 has no room for dQ's tiles: 64-key blocks, two P / dS buffers, and
+    each thread adds its dQ values from registers (``red.global.add.v4.f32`` after trading
+    halves with its neighbour lane). Measured on H100, head dim 192: 64-key blocks with dQ
+    atomics from registers ran 0.67x the same blocks with the TMA reduce.
   - At D = 192 the D-contiguous tiles use 32-column (64-byte swizzle) atoms, so a
     warpgroup's 96 columns of K are whole atoms of dQ's MN-major B operand.
 
@@ -30,8 +33,7 @@ Softcap and the masks as ``bwd_sm90.py`` (its ``probabilities``, ``score_gradien
 ``softcap_gradients`` and ``on_edge``, here with queries on the fragment's rows).
 
 Constraints:
-  - head dim 192 (tile_n 96, or 64 with ``deterministic``) or 256 (tile_n 64); tile_m 64,
-    two Q / dO stages
+  - head dim 192 (tile_n 80) or 256 (tile_n 64); tile_m 64, two Q / dO stages
   - bf16 or fp16; strides, LSE / D rows and the dQ accumulator as ``bwd_sm90.py``
   - ``deterministic`` only at head dim 192 (dQ's adds from registers are unordered)
 """
@@ -57,14 +59,15 @@ WIDE_HEAD_DIMS = (192, 256)
 
 
 @dsl_user_op
-def _red_add_pair(address: Int64, first: Float32, second: Float32, *, loc=None, ip=None) -> None:
-    """Atomically add two adjacent fp32 values at global byte ``address`` (8-byte aligned)."""
+def _red_add_quad(address: Int64, values: tuple, *, loc=None, ip=None) -> None:
+    """Atomically add four adjacent fp32 ``values`` at global byte ``address`` (16-byte
+    aligned)."""
     llvm.inline_asm(
         None,
-        [Int64(address).ir_value(loc=loc, ip=ip), Float32(first).ir_value(loc=loc, ip=ip),
-         Float32(second).ir_value(loc=loc, ip=ip)],
-        "red.global.add.v2.f32 [$0], {$1, $2};",
-        "l,f,f",
+        [Int64(address).ir_value(loc=loc, ip=ip)]
+        + [Float32(v).ir_value(loc=loc, ip=ip) for v in values],
+        "red.global.add.v4.f32 [$0], {$1, $2, $3, $4};",
+        "l,f,f,f,f",
         has_side_effects=True,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
@@ -248,8 +251,10 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
     @cute.jit
     def add_dq(self, mma_dq, acc_dq, mdQ, seq, head, batch, m_block, wg, tidx):
         """Head dim 256: this warpgroup's dQ columns of the step's queries added into the fp32
-        accumulator from registers, one ``red.global.add.v2.f32`` per pair of adjacent
-        columns; rows past the sequence are skipped."""
+        accumulator from registers. A thread holds two rows (r, r + 8) of two adjacent
+        columns per 8-column group, its neighbour lane the next two columns: the pair trade
+        halves by one shuffle each way, so each adds four adjacent columns of one row with one
+        ``red.global.add.v4.f32``. Rows past the sequence are skipped."""
         rows = self._rows(mdQ, seq.offset_q, head, batch)
         tile = (self.tile_m, self.dq_cols)
         thr = mma_dq.get_slice(tidx % 128)
@@ -257,7 +262,14 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
         tc = thr.partition_C(cute.make_identity_tensor(tile))
         rows_left = seq.seqlen_q - m_block * self.tile_m
         base = tg.iterator.toint()
-        for j in cutlass.range_constexpr(cute.size(acc_dq) // 2):
-            if tc[2 * j][0] < rows_left:
-                address = base + Int64(tg.layout(2 * j)) * 4
-                _red_add_pair(address, acc_dq[2 * j], acc_dq[2 * j + 1])
+        even = tidx % 2 == 0
+        for j in cutlass.range_constexpr(cute.size(acc_dq) // 4):
+            v = [acc_dq[4 * j + e] for e in range(4)]  # (r, c), (r, c + 1), (r + 8, c), (r + 8, c + 1)
+            got0 = cute.arch.shuffle_sync_bfly(cutlass.select_(even, v[2], v[0]), offset=1)
+            got1 = cute.arch.shuffle_sync_bfly(cutlass.select_(even, v[3], v[1]), offset=1)
+            quad = (cutlass.select_(even, v[0], got0), cutlass.select_(even, v[1], got1),
+                    cutlass.select_(even, got0, v[2]), cutlass.select_(even, got1, v[3]))
+            offset = cutlass.select_(even, Int32(tg.layout(4 * j)), Int32(tg.layout(4 * j + 2)) - 2)
+            row = cutlass.select_(even, tc[4 * j][0], tc[4 * j + 2][0])
+            if row < rows_left:
+                _red_add_quad(base + Int64(offset) * 4, quad)
