@@ -125,6 +125,7 @@ class FlashAttnBwdSm90:
         self.wg_keys = 64  # keys per MMA warpgroup's score tile
         self.queries_on_rows = False  # score tiles are S^T: keys on rows, queries on columns
         self.dq_atomic = False  # dQ by TMA bulk reduce from shared memory (else red.global)
+        self.do_stages = config.do_stages  # 0: dO in Q's pipeline stages
 
     # ------------------------------------------------------------------ host side
 
@@ -155,6 +156,7 @@ class FlashAttnBwdSm90:
         self.mma_kv = mma(cute.nvgpu.OperandMajorMode.MN, d, "rmem")  # dV, dK (64 keys x D)
         self.mma_dq = mma(cute.nvgpu.OperandMajorMode.MN, self.dq_cols, "smem_mn")  # tm x D / 2
         self.sdQ_elems = cute.cosize(self.sdQ_layout)
+        self.sdO_layout = self.sQ_layout
 
     @cute.jit
     def __call__(self, mQ, mK, mV, mdO, mLSE, mD, mdQ, mdK, mdV, mCuSeqlensQ, mCuSeqlensK, mSem,
@@ -185,16 +187,20 @@ class FlashAttnBwdSm90:
                 cpasync.CopyReduceBulkTensorTileS2GOp(), dq,
                 cute.slice_(self.sdQ_layout, (None, None, 0)), (tm, self.dq_cols))
         self.qdo_bytes = 2 * cute.size_in_bytes(self.dtype, one_stage) + 2 * tm * 4
+        if const_expr(self.do_stages > 0):  # Q and its LSE; dO and its D on their own
+            self.qdo_bytes = self.qdo_bytes // 2
+        do_st = self.do_stages if self.do_stages > 0 else st
         self.kv_bytes = 2 * cute.size_in_bytes(self.dtype, self.sK_layout)
 
         @cute.struct
         class Storage:
             bar_kv: cute.struct.MemRange[cutlass.Int64, 2]
             bar_qdo: cute.struct.MemRange[cutlass.Int64, st * 2]
+            bar_do: cute.struct.MemRange[cutlass.Int64, do_st * 2]
             sLSE: cute.struct.Align[cute.struct.MemRange[Float32, tm * st], 128]
-            sD: cute.struct.Align[cute.struct.MemRange[Float32, tm * st], 128]
+            sD: cute.struct.Align[cute.struct.MemRange[Float32, tm * do_st], 128]
             sQ: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sQ_layout)], 1024]
-            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sdO_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sK_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sdS_layout)], 1024]
@@ -209,8 +215,8 @@ class FlashAttnBwdSm90:
             tma_lse, tma_tensor_lse, tma_dsum, tma_tensor_dsum, tma_dq, tma_tensor_dq, dk, dv,
             mCuSeqlensQ, mCuSeqlensK, mSem, q.shape[0], k.shape[0], heads, heads_kv, scale_log2,
             softcap_prescale, dk_scale, window_left, window_right, self.sQ_layout,
-            self.sK_layout, self.sdS_layout, self.sdQ_layout, self.mma_s, self.mma_kv,
-            self.mma_dq,
+            self.sK_layout, self.sdS_layout, self.sdQ_layout, self.sdO_layout, self.mma_s,
+            self.mma_kv, self.mma_dq,
         ).launch(grid=grid, block=[384, 1, 1], min_blocks_per_mp=1, stream=stream)
 
     # ------------------------------------------------------------------ device side
@@ -222,8 +228,8 @@ class FlashAttnBwdSm90:
                softcap_prescale: Float32, dk_scale: Float32, window_left: Int32,
                window_right: Int32, sQ_layout: cute.ComposedLayout,
                sK_layout: cute.ComposedLayout, sdS_layout: cute.ComposedLayout,
-               sdQ_layout: cute.ComposedLayout, mma_s: cute.TiledMma, mma_kv: cute.TiledMma,
-               mma_dq: cute.TiledMma):
+               sdQ_layout: cute.ComposedLayout, sdO_layout: cute.ComposedLayout,
+               mma_s: cute.TiledMma, mma_kv: cute.TiledMma, mma_dq: cute.TiledMma):
         cfg = self.config
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -242,18 +248,24 @@ class FlashAttnBwdSm90:
             barrier_storage=storage.bar_qdo.data_ptr(), num_stages=cfg.stages,
             producer_group=producer, consumer_group=consumers, tx_count=self.qdo_bytes,
             defer_sync=True)
+        pipe_do = None
+        if const_expr(self.do_stages > 0):
+            pipe_do = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.bar_do.data_ptr(), num_stages=self.do_stages,
+                producer_group=producer, consumer_group=consumers, tx_count=self.qdo_bytes,
+                defer_sync=True)
         pipeline_init_arrive(cluster_shape_mn=(1, 1), is_relaxed=True)
         sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
-        sdO = storage.sdO.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sdO = storage.sdO.get_tensor(sdO_layout.outer, swizzle=sdO_layout.inner)
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
         sdQ = None
         if const_expr(not self.dq_atomic):
             sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
-        rows_layout = cute.make_layout((self.tile_m, cfg.stages))
-        sLSE = storage.sLSE.get_tensor(rows_layout)
-        sD = storage.sD.get_tensor(rows_layout)
+        sLSE = storage.sLSE.get_tensor(cute.make_layout((self.tile_m, cfg.stages)))
+        sD = storage.sD.get_tensor(cute.make_layout(
+            (self.tile_m, self.do_stages if const_expr(self.do_stages > 0) else cfg.stages)))
 
         n_block, head_kv, batch = cute.arch.block_idx()
         seq = Sequence(batch, seqlen_q_static, seqlen_k_static, mCuSeqlensQ, mCuSeqlensK)
@@ -268,14 +280,14 @@ class FlashAttnBwdSm90:
                 cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
                 if warp == 0:
                     self.load(tma_q, tma_do, tma_k, tma_v, tma_lse, tma_dsum, mQ, mdO, mK, mV,
-                              mLSE, mD, sQ, sdO, sK, sV, sLSE, sD, pipe_kv, pipe_qdo, work)
+                              mLSE, mD, sQ, sdO, sK, sV, sLSE, sD, pipe_kv, pipe_qdo, pipe_do, work)
                 elif warp == REDUCE_WARP:
                     if const_expr(not self.dq_atomic):
                         self.reduce_dq(tma_dq, mdQ, sdQ, mSem, work, window_right)
             else:
                 cute.arch.setmaxregister_increase(MMA_REGISTERS)
                 self.mma(mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, mdQ, mdK, mdV,
-                         pipe_kv, pipe_qdo, work, scale_log2, softcap_prescale, dk_scale,
+                         pipe_kv, pipe_qdo, pipe_do, work, scale_log2, softcap_prescale, dk_scale,
                          window_left, window_right, tidx - 128)
 
     @cute.jit
@@ -372,8 +384,9 @@ class FlashAttnBwdSm90:
 
     @cute.jit
     def load(self, tma_q, tma_do, tma_k, tma_v, tma_lse, tma_dsum, mQ, mdO, mK, mV, mLSE, mD,
-             sQ, sdO, sK, sV, sLSE, sD, pipe_kv, pipe_qdo, work):
-        """Producer warp: K and V once, then Q, dO, their LSE and D of every step."""
+             sQ, sdO, sK, sV, sLSE, sD, pipe_kv, pipe_qdo, pipe_do, work):
+        """Producer warp: K and V once, then Q, dO, their LSE and D of every step (dO and D
+        through ``pipe_do`` where it exists)."""
         seq, n_block, head_kv, batch, group, m_min, m_max, steps = work
         one = cute.make_layout(1)
         tile_kd = (self.tile_n, self.head_dim)
@@ -387,6 +400,7 @@ class FlashAttnBwdSm90:
         cute.copy(tma_k, tKgK, tKsK, tma_bar_ptr=barrier)
         cute.copy(tma_v, tVgV, tVsV, tma_bar_ptr=barrier)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.config.stages)
+        do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, max(self.do_stages, 1))
         tile_qd = (self.tile_m, self.head_dim)
         for i in range(steps):
             head, m_block = self._step(work, i)
@@ -402,8 +416,14 @@ class FlashAttnBwdSm90:
             barrier = pipe_qdo.producer_get_barrier(state)
             cute.copy(tma_q, tQgQ, tQsQ[None, state.index], tma_bar_ptr=barrier)
             cute.copy(tma_lse, tLgL, tLsL[None, state.index], tma_bar_ptr=barrier)
-            cute.copy(tma_do, tOgO, tOsO[None, state.index], tma_bar_ptr=barrier)
-            cute.copy(tma_dsum, tDgD, tDsD[None, state.index], tma_bar_ptr=barrier)
+            do_index = state.index
+            if const_expr(self.do_stages > 0):
+                pipe_do.producer_acquire(do_state)
+                barrier = pipe_do.producer_get_barrier(do_state)
+                do_index = do_state.index
+                do_state.advance()
+            cute.copy(tma_do, tOgO, tOsO[None, do_index], tma_bar_ptr=barrier)
+            cute.copy(tma_dsum, tDgD, tDsD[None, do_index], tma_bar_ptr=barrier)
             state.advance()
 
     @cute.jit
@@ -448,7 +468,7 @@ class FlashAttnBwdSm90:
 
     @cute.jit
     def mma(self, mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, mdQ, mdK, mdV, pipe_kv,
-            pipe_qdo, work, scale_log2, softcap_prescale, dk_scale, window_left, window_right,
+            pipe_qdo, pipe_do, work, scale_log2, softcap_prescale, dk_scale, window_left, window_right,
             tidx):
         """MMA warpgroups: 64 keys each, over every step; then dK and dV out."""
         cfg = self.config

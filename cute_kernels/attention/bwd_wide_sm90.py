@@ -57,6 +57,7 @@ from .config import AttentionBwdConfig
 from .fragments import convert_pairs, rows_cols, warpgroup_gemm
 
 WIDE_HEAD_DIMS = (192, 256)
+TILE_N = {192: 96, 256: 80}  # keys per CTA (module docstring); config.attention_bwd_config
 
 
 @dsl_user_op
@@ -79,25 +80,28 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
 
     def __init__(self, config: AttentionBwdConfig):
         d, tn = config.head_dim, config.tile_n
-        if (config.tile_m != 64 or config.stages != 2 or d not in WIDE_HEAD_DIMS
-                or tn not in ((64, 80) if d == 192 else (64,))
-                or (config.deterministic and d != 192)):
+        if (config.tile_m != 64 or config.stages != 2 or config.do_stages != 1
+                or d not in WIDE_HEAD_DIMS or tn != TILE_N[d] or (config.deterministic and d != 192)):
             raise ValueError(f"unsupported backward tiles: {config}")
         self.config = config
         self.tile_m, self.tile_n, self.head_dim = config.tile_m, tn, d
         self.dq_wgs, self.dq_cols = 2, d // 2
         self.wg_keys = tn // 2
         self.queries_on_rows = True
+        self.do_stages = config.do_stages
         # dQ through shared memory and TMA where its fp32 tiles fit (head dim 192), then with
-        # one P / dS buffer; atomics from registers at 256.
+        # one P / dS buffer; atomics from registers at 256, in two 64-column chunks per
+        # warpgroup (registers: dK^T and dV^T hold 160 per thread).
         self.dq_atomic = d == 256
         self.score_buffers = 2 if self.dq_atomic else 1
+        self.dq_chunks = 2 if self.dq_atomic else 1
 
     def _tiles(self, d, tm, tn, st):
         """Shared-memory layouts and tiled MMAs (module docstring)."""
         row_major = tensor_utils.LayoutEnum.ROW_MAJOR
         atom_cols = 32 if d == 192 else d  # 192: 32-column atoms (each warpgroup's 96 whole)
         self.sQ_layout = self._smem(self.dtype, row_major, atom_cols, (tm, d, st), (0, 1, 2))
+        self.sdO_layout = self._smem(self.dtype, row_major, atom_cols, (tm, d, self.do_stages), (0, 1, 2))
         self.sK_layout = self._smem(self.dtype, row_major, atom_cols, (tn, d), (0, 1))
         # P (index 2 b) and dS (2 b + 1) of buffer b (the pipeline stage's, or the one buffer):
         # queries x keys, queries contiguous (the K-major B operand of dV^T / dK^T, the
@@ -116,18 +120,19 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
 
         self.mma_s = mma(K, K, self.wg_keys)  # S, dP: tm queries x this warpgroup's keys
         self.mma_kv = mma(MN, K, self.wg_keys)  # dV^T, dK^T: D x this warpgroup's keys
-        self.mma_dq = mma(MN, MN, self.dq_cols)  # dQ: tm queries x D / 2
+        self.mma_dq = mma(MN, MN, self.dq_cols // self.dq_chunks)  # dQ: tm queries x D / 2
 
     @cute.jit
     def mma(self, mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sPdS, sdQ, sLSE, sD, mdQ, mdK, mdV,
-            pipe_kv, pipe_qdo, work, scale_log2, softcap_prescale, dk_scale, window_left,
+            pipe_kv, pipe_q, pipe_do, work, scale_log2, softcap_prescale, dk_scale, window_left,
             window_right, tidx):
         """MMA warpgroups: scores, dK and dV for their half of the keys, dQ for their half of
         D."""
         cfg = self.config
         seq, n_block, head_kv, batch, group, m_min, m_max, steps = work
         wg = cute.arch.make_warp_uniform(tidx // 128)
-        d, tm, tn, st, wk, dh = self.head_dim, self.tile_m, self.tile_n, cfg.stages, self.wg_keys, self.dq_cols
+        d, tm, tn, st, wk = self.head_dim, self.tile_m, self.tile_n, cfg.stages, self.wg_keys
+        do_st, dc = self.do_stages, self.dq_cols // self.dq_chunks
         s_ops, kv_ops, dq_ops = mma_s.get_slice(0), mma_kv.get_slice(0), mma_dq.get_slice(0)
         tSrQ = mma_s.make_fragment_A(s_ops.partition_A(sQ))
         tSrdO = mma_s.make_fragment_A(s_ops.partition_A(sdO))
@@ -135,23 +140,23 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
         tSrV = mma_s.make_fragment_B(s_ops.partition_B(cute.local_tile(sV, (wk, d), (wg, 0))))
         # dV^T = dO^T P_w, dK^T = Q^T dS_w: (D, queries) views of dO and Q, (keys, queries)
         # views of this warpgroup's P and dS.
-        tKrdO = mma_kv.make_fragment_A(kv_ops.partition_A(_transposed(sdO, (d, tm, st), (1, 0, 2))))
+        tKrdO = mma_kv.make_fragment_A(kv_ops.partition_A(_transposed(sdO, (d, tm, do_st), (1, 0, 2))))
         tKrQ = mma_kv.make_fragment_A(kv_ops.partition_A(_transposed(sQ, (d, tm, st), (1, 0, 2))))
         nb = 2 * self.score_buffers
         own = cute.local_tile(_transposed(sPdS, (tn, tm, nb), (1, 0, 2)), (wk, tm, nb), (wg, 0, 0))
         tKrPdS = mma_kv.make_fragment_B(kv_ops.partition_B(own))
         tQrdS = mma_dq.make_fragment_A(dq_ops.partition_A(sPdS))
-        tQrK = mma_dq.make_fragment_B(dq_ops.partition_B(
-            cute.local_tile(_transposed(sK, (d, tn), (1, 0)), (dh, tn), (wg, 0))))
+        sKt = _transposed(sK, (d, tn), (1, 0))
+        tQrK = [mma_dq.make_fragment_B(dq_ops.partition_B(
+            cute.local_tile(sKt, (dc, tn), (wg * self.dq_chunks + c, 0)))) for c in range(self.dq_chunks)]
         acc_dv = cute.make_rmem_tensor(kv_ops.partition_shape_C((d, wk)), Float32)
         acc_dk = cute.make_rmem_tensor(kv_ops.partition_shape_C((d, wk)), Float32)
         acc_dv.fill(0.0)
         acc_dk.fill(0.0)
         thr_s = mma_s.get_slice(tidx % 128)
         coords = rows_cols(thr_s.partition_C(cute.make_identity_tensor((tm, wk))))
-        by_query = cute.make_layout((tm, wk, st), stride=(1, 0, tm))
-        tSsLSE = thr_s.partition_C(cute.make_tensor(sLSE.iterator, by_query))
-        tSsD = thr_s.partition_C(cute.make_tensor(sD.iterator, by_query))
+        tSsLSE = thr_s.partition_C(cute.make_tensor(sLSE.iterator, cute.make_layout((tm, wk, st), stride=(1, 0, tm))))
+        tSsD = thr_s.partition_C(cute.make_tensor(sD.iterator, cute.make_layout((tm, wk, do_st), stride=(1, 0, tm))))
         tSsPdS = thr_s.partition_C(cute.local_tile(sPdS, (tm, wk, nb), (0, wg, 0)))
         if const_expr(not self.dq_atomic):
             tQsdQ = mma_dq.get_slice(tidx % 128).partition_C(sdQ[None, None, wg])
@@ -165,17 +170,19 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_kv.consumer_wait(kv_state)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, st)
+        do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, do_st)
         head, m_block, left = self._first_step(work)
         for i in range(steps):
             q0 = m_block * tm
-            b = state.index
-            pipe_qdo.consumer_wait(state)
+            b, db = state.index, do_state.index
+            pipe_q.consumer_wait(state)
+            pipe_do.consumer_wait(do_state)
             acc_s = cute.make_rmem_tensor(s_ops.partition_shape_C((tm, wk)), Float32)
             acc_dp = cute.make_rmem_tensor(s_ops.partition_shape_C((tm, wk)), Float32)
             warpgroup_gemm(mma_s, acc_s, tSrQ[None, None, None, b], tSrK, True)
-            warpgroup_gemm(mma_s, acc_dp, tSrdO[None, None, None, b], tSrV, True)
+            warpgroup_gemm(mma_s, acc_dp, tSrdO[None, None, None, db], tSrV, True)
             lse = rows_cols(tSsLSE[None, None, None, b])
-            dsum = rows_cols(tSsD[None, None, None, b])
+            dsum = rows_cols(tSsD[None, None, None, db])
             mask = self.on_edge(key0, q0, seq, window_left, window_right)
             if const_expr(cfg.softcap):
                 warpgroup.wait_group(1)
@@ -201,20 +208,25 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
             self.store_scores(acc_dp, tSsPdS[None, None, None, p + 1])
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=own_ready, number_of_threads=128)
-            warpgroup_gemm(mma_kv, acc_dv, tKrdO[None, None, None, b], tKrPdS[None, None, None, p], False)
+            warpgroup_gemm(mma_kv, acc_dv, tKrdO[None, None, None, db], tKrPdS[None, None, None, p], False)
             warpgroup_gemm(mma_kv, acc_dk, tKrQ[None, None, None, b], tKrPdS[None, None, None, p + 1], False)
+            warpgroup.wait_group(1)  # dV done: dO's stage is free for the next step's load
+            pipe_do.consumer_release(do_state)
+            do_state.advance()
             cute.arch.barrier(barrier_id=ds_ready, number_of_threads=256)
-            acc_dq = cute.make_rmem_tensor(dq_ops.partition_shape_C((tm, dh)), Float32)
-            warpgroup_gemm(mma_dq, acc_dq, tQrdS[None, None, None, p + 1], tQrK, True)
-            warpgroup.wait_group(0)
-            if const_expr(self.dq_atomic):
-                self.add_dq(mma_dq, acc_dq, mdQ, seq, head, batch, m_block, wg, tidx)
-            else:
-                cute.arch.barrier(barrier_id=dq_empty, number_of_threads=160)
-                cute.autovec_copy(acc_dq, tQsdQ)
-                cute.arch.fence_view_async_shared()
-                cute.arch.barrier_arrive(barrier_id=dq_full, number_of_threads=160)
-            pipe_qdo.consumer_release(state)
+            for c in cutlass.range_constexpr(self.dq_chunks):
+                acc_dq = cute.make_rmem_tensor(dq_ops.partition_shape_C((tm, dc)), Float32)
+                warpgroup_gemm(mma_dq, acc_dq, tQrdS[None, None, None, p + 1], tQrK[c], True)
+                warpgroup.wait_group(0)
+                if const_expr(self.dq_atomic):
+                    self.add_dq(mma_dq, acc_dq, mdQ, seq, head, batch, m_block,
+                                wg * self.dq_chunks + c, tidx)
+                else:
+                    cute.arch.barrier(barrier_id=dq_empty, number_of_threads=160)
+                    cute.autovec_copy(acc_dq, tQsdQ)
+                    cute.arch.fence_view_async_shared()
+                    cute.arch.barrier_arrive(barrier_id=dq_full, number_of_threads=160)
+            pipe_q.consumer_release(state)
             state.advance()
             head, m_block, left = self._next_step(work, head, m_block, left)
         for j in cutlass.range(cute.size(acc_dk), unroll_full=True):
@@ -249,14 +261,14 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
         cute.autovec_copy(values, tSs)
 
     @cute.jit
-    def add_dq(self, mma_dq, acc_dq, mdQ, seq, head, batch, m_block, wg, tidx):
+    def add_dq(self, mma_dq, acc_dq, mdQ, seq, head, batch, m_block, chunk, tidx):
         """Head dim 256: this warpgroup's dQ columns of the step's queries added into the fp32
         accumulator from registers, one ``red.global.add.v2.f32`` per pair of adjacent
         columns; rows past the sequence are skipped."""
         rows = self._rows(mdQ, seq.offset_q, head, batch)
-        tile = (self.tile_m, self.dq_cols)
+        tile = (self.tile_m, self.dq_cols // self.dq_chunks)
         thr = mma_dq.get_slice(tidx % 128)
-        tg = thr.partition_C(cute.local_tile(rows, tile, (m_block, wg)))
+        tg = thr.partition_C(cute.local_tile(rows, tile, (m_block, chunk)))
         tc = thr.partition_C(cute.make_identity_tensor(tile))
         rows_left = seq.seqlen_q - m_block * self.tile_m
         base = tg.iterator.toint()

@@ -104,6 +104,9 @@ class AttentionBwdConfig:
     softcap: bool = False
     varlen: bool = False
     deterministic: bool = False  # dQ summed in a fixed key-block order (semaphores)
+    # > 0: dO (and D) through their own pipeline of this depth (Q's: ``stages``), released as
+    # soon as dV's GEMM is done; 0: with Q in one pipeline stage
+    do_stages: int = 0
 
 
 BWD_HEAD_DIMS = (64, 96, 128, 192, 256)
@@ -124,13 +127,13 @@ def bwd_supported(head_dim: int, softcap: bool) -> bool:
 @functools.lru_cache(maxsize=256)
 def attention_bwd_config(head_dim: int, *, local: bool, softcap: bool, varlen: bool,
                          deterministic: bool = False) -> AttentionBwdConfig:
-    tile_n = 128
+    tile_n, do_stages = 128, 0
     if head_dim in BWD_WIDE_HEAD_DIMS:
-        # bwd_wide_sm90.py: the widest key blocks whose tiles fit the shared memory (80 at
-        # 192, with dQ's fp32 tiles and one P / dS buffer; 64 at 256)
-        tile_n = 80 if head_dim == 192 else 64
+        # bwd_wide_sm90.py: the widest key blocks whose tiles fit the shared memory with one
+        # dO stage (96 at 192, with dQ's fp32 tiles and one P / dS buffer; 80 at 256)
+        tile_n, do_stages = (96 if head_dim == 192 else 80), 1
     return AttentionBwdConfig(head_dim, tile_n=tile_n, local=local, softcap=softcap,
-                              varlen=varlen, deterministic=deterministic)
+                              varlen=varlen, deterministic=deterministic, do_stages=do_stages)
 
 
 def all_bwd_configs() -> list[AttentionBwdConfig]:
