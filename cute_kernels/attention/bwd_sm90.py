@@ -113,7 +113,7 @@ class FlashAttnBwdSm90:
     """See the module docstring. ``__init__`` takes only the compile-time configuration."""
 
     def __init__(self, config: AttentionBwdConfig):
-        if (config.tile_m != 64 or config.tile_n != 128 or config.stages != 2
+        if (config.tile_m != 64 or config.tile_n != 128 or config.stages != 2 or config.do_stages
                 or config.head_dim not in (64, 96, 128)):
             raise ValueError(f"unsupported backward tiles: {config}")
         self.config = config
@@ -124,7 +124,6 @@ class FlashAttnBwdSm90:
         self.dq_cols = config.head_dim // self.dq_wgs
         self.wg_keys = 64  # keys per MMA warpgroup's score tile
         self.queries_on_rows = False  # score tiles are S^T: keys on rows, queries on columns
-        self.dq_atomic = False  # dQ by TMA bulk reduce from shared memory (else red.global)
         self.do_stages = config.do_stages  # 0: dO in Q's pipeline stages
 
     # ------------------------------------------------------------------ host side
@@ -155,7 +154,6 @@ class FlashAttnBwdSm90:
         self.mma_s = mma(cute.nvgpu.OperandMajorMode.K, tm, "smem")  # S^T, dP^T (64 keys x tm)
         self.mma_kv = mma(cute.nvgpu.OperandMajorMode.MN, d, "rmem")  # dV, dK (64 keys x D)
         self.mma_dq = mma(cute.nvgpu.OperandMajorMode.MN, self.dq_cols, "smem_mn")  # tm x D / 2
-        self.sdQ_elems = cute.cosize(self.sdQ_layout)
         self.sdO_layout = self.sQ_layout
 
     @cute.jit
@@ -181,11 +179,9 @@ class FlashAttnBwdSm90:
         row_tile = cute.make_layout(tm)
         tma_lse, tma_tensor_lse = cpasync.make_tiled_tma_atom(load, lse, row_tile, (tm,))
         tma_dsum, tma_tensor_dsum = cpasync.make_tiled_tma_atom(load, dsum, row_tile, (tm,))
-        tma_dq, tma_tensor_dq = None, dq  # dq_atomic: the kernel adds into dq itself
-        if const_expr(not self.dq_atomic):
-            tma_dq, tma_tensor_dq = cpasync.make_tiled_tma_atom(
-                cpasync.CopyReduceBulkTensorTileS2GOp(), dq,
-                cute.slice_(self.sdQ_layout, (None, None, 0)), (tm, self.dq_cols))
+        tma_dq, tma_tensor_dq = cpasync.make_tiled_tma_atom(
+            cpasync.CopyReduceBulkTensorTileS2GOp(), dq,
+            cute.slice_(self.sdQ_layout, (None, None, 0)), (tm, self.dq_cols))
         self.qdo_bytes = 2 * cute.size_in_bytes(self.dtype, one_stage) + 2 * tm * 4
         if const_expr(self.do_stages > 0):  # Q and its LSE; dO and its D on their own
             self.qdo_bytes = self.qdo_bytes // 2
@@ -204,7 +200,7 @@ class FlashAttnBwdSm90:
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sK_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sdS_layout)], 1024]
-            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, self.sdQ_elems], 1024]
+            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(self.sdQ_layout)], 1024]
 
         self.storage = Storage
         heads, heads_kv = q.shape[2], k.shape[2]
@@ -234,10 +230,8 @@ class FlashAttnBwdSm90:
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp == 0:
-            for atom in (tma_q, tma_do, tma_k, tma_v, tma_lse, tma_dsum):
+            for atom in (tma_q, tma_do, tma_k, tma_v, tma_lse, tma_dsum, tma_dq):
                 cpasync.prefetch_descriptor(atom)
-            if const_expr(not self.dq_atomic):
-                cpasync.prefetch_descriptor(tma_dq)
         storage = cutlass.memory.SmemAllocator().allocate(self.storage)
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread)
         consumers = pipeline.CooperativeGroup(pipeline.Agent.Thread, 8)  # the MMA warps
@@ -260,9 +254,7 @@ class FlashAttnBwdSm90:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
-        sdQ = None
-        if const_expr(not self.dq_atomic):
-            sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
+        sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
         sLSE = storage.sLSE.get_tensor(cute.make_layout((self.tile_m, cfg.stages)))
         sD = storage.sD.get_tensor(cute.make_layout(
             (self.tile_m, self.do_stages if const_expr(self.do_stages > 0) else cfg.stages)))
@@ -282,11 +274,10 @@ class FlashAttnBwdSm90:
                     self.load(tma_q, tma_do, tma_k, tma_v, tma_lse, tma_dsum, mQ, mdO, mK, mV,
                               mLSE, mD, sQ, sdO, sK, sV, sLSE, sD, pipe_kv, pipe_qdo, pipe_do, work)
                 elif warp == REDUCE_WARP:
-                    if const_expr(not self.dq_atomic):
-                        self.reduce_dq(tma_dq, mdQ, sdQ, mSem, work, window_right)
+                    self.reduce_dq(tma_dq, mdQ, sdQ, mSem, work, window_right)
             else:
                 cute.arch.setmaxregister_increase(MMA_REGISTERS)
-                self.mma(mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, mdQ, mdK, mdV,
+                self.mma(mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, mdK, mdV,
                          pipe_kv, pipe_qdo, pipe_do, work, scale_log2, softcap_prescale, dk_scale,
                          window_left, window_right, tidx - 128)
 
@@ -467,7 +458,7 @@ class FlashAttnBwdSm90:
         cute.arch.cp_async_bulk_wait_group(0, read=False)
 
     @cute.jit
-    def mma(self, mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, mdQ, mdK, mdV, pipe_kv,
+    def mma(self, mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, mdK, mdV, pipe_kv,
             pipe_qdo, pipe_do, work, scale_log2, softcap_prescale, dk_scale, window_left, window_right,
             tidx):
         """MMA warpgroups: 64 keys each, over every step; then dK and dV out."""

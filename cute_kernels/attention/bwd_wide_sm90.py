@@ -3,30 +3,30 @@
 The backward of ``bwd_sm90.py`` keeps each MMA warpgroup's dK and dV for 64 keys over all of
 D in registers (D / 2 fp32 values each per thread): past D = 128 they no longer fit beside the
 score fragments. Here the two MMA warpgroups split the CTA's keys and compute dK and dV
-transposed, so D runs along the MMA's M (any multiple of 64) and a warpgroup's share of keys
-(32 or 40 keys) along N:
+transposed, so D runs along the MMA's M (any multiple of 64) and a warpgroup's share of the
+keys (32 or 48) along N:
 
   - One CTA per block of ``tile_n`` keys (K and V resident in shared memory), walking the
-    query heads of its group and their blocks of 64 queries; Q / dO / LSE / D streamed by the
-    producer warp through the TMA pipeline of ``bwd_sm90.py`` (its ``load``, walk and masks).
+    query heads of its group and their blocks of 64 queries (``bwd_sm90.py``'s walk, masks
+    and producer warp). Q and its LSE come through ``stages`` TMA pipeline stages, dO and D
+    through a pipeline of their own (``do_stages`` = 1: the shared memory goes to wider key
+    blocks instead).
   - Scores: S = Q K_w^T and dP = dO V_w^T for warpgroup w's tile_n / 2 keys (queries on the
     fragment's rows), P and dS = P (dP - D) in registers, both stored in bf16 / fp16 to a
-    queries-contiguous (queries x keys) tile.
+    queries-contiguous (queries x keys) tile: one per Q stage where they fit, else one (and
+    a 256-thread barrier before it is written again).
   - Once its own P and dS are stored (a 128-thread barrier), a warpgroup adds
     dV_w^T += dO^T P_w and dK_w^T += Q^T dS_w (D x its keys, fp32 registers: D tile_n / 256
-    values each per thread); after a 256-thread barrier both halves of dS are in, and
-    warpgroup w computes dQ = dS K for its half of D's columns. Every operand comes from
-    shared memory.
-  - The larger the key block, the less Q / dO reading and dQ adding per FLOP: the kernel is
-    bound by L2 throughput (Nsight Compute: 91% at 64-key blocks). Head dim 192 takes
-    80-key blocks, the widest whose tiles fit with dQ through a swizzled fp32 tile per
-    warpgroup (added by the reduce warp's TMA bulk reduce, in a fixed order with
-    ``deterministic``) and one P / dS buffer (a 256-thread barrier before it is written
-    again). Head dim 256 has no room for dQ's tiles: 64-key blocks, two P / dS buffers, and
-    each thread adds its dQ pairs from registers (``red.global.add.v2.f32``; trading halves
-    with the neighbour lane for one ``.v4`` add per four columns measured the same). Measured
-    on H100, head dim 192: 64-key blocks with dQ atomics from registers ran 0.67x the same
-    blocks with the TMA reduce.
+    values each per thread), releasing dO's stage when dV's GEMM is done and Q's when dK's
+    is; after a 256-thread barrier both halves of dS are in, and warpgroup w computes
+    dQ = dS K for its half of D's columns into its swizzled fp32 tile, which the reduce warp
+    adds into the global accumulator by TMA bulk reduce (``reduce_dq``; in a fixed order with
+    ``deterministic``). Every MMA operand comes from shared memory.
+  - The kernel is bound by L2 throughput (Nsight Compute: 91% at 64-key blocks with two dO
+    stages), and the Q / dO reads and dQ adds per FLOP shrink as the key block grows: head
+    dim 192 takes 96-key blocks with two Q stages, 256 64-key blocks with one (measured
+    choices: ``config.attention_bwd_config``). dQ added with atomics from registers, which
+    would free its tiles' shared memory for wider blocks, ran 0.67x the TMA reduce.
   - At D = 192 the D-contiguous tiles use 32-column (64-byte swizzle) atoms, so a
     warpgroup's 96 columns of K are whole atoms of dQ's MN-major B operand.
 
@@ -34,9 +34,9 @@ Softcap and the masks as ``bwd_sm90.py`` (its ``probabilities``, ``score_gradien
 ``softcap_gradients`` and ``on_edge``, here with queries on the fragment's rows).
 
 Constraints:
-  - head dim 192 (tile_n 80) or 256 (tile_n 64); tile_m 64, two Q / dO stages
+  - head dim 192 or 256; tile_m 64; tile_n 64, 80 or 96; one or two Q stages, one dO stage;
+    the tiles within the shared memory (checked when the kernel is built)
   - bf16 or fp16; strides, LSE / D rows and the dQ accumulator as ``bwd_sm90.py``
-  - ``deterministic`` only at head dim 192 (dQ's adds from registers are unordered)
 """
 
 from __future__ import annotations
@@ -46,42 +46,25 @@ import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 import cutlass.tensor_utils as tensor_utils
 import cutlass.utils.hopper_helpers as sm90_utils
-from cutlass import Float32, Int64, const_expr
+from cutlass import Float32, const_expr
 from cutlass.cute.nvgpu import warpgroup
-from cutlass._mlir.dialects import llvm
-from cutlass.cutlass_dsl import dsl_user_op
 
 from ..primitives.named_barriers import AttentionBwdBarrier
 from .bwd_sm90 import FlashAttnBwdSm90, _transposed
-from .config import AttentionBwdConfig
+from .config import SMEM_BYTES, AttentionBwdConfig
 from .fragments import convert_pairs, rows_cols, warpgroup_gemm
 
 WIDE_HEAD_DIMS = (192, 256)
-TILE_N = {192: 96, 256: 80}  # keys per CTA (module docstring); config.attention_bwd_config
-
-
-@dsl_user_op
-def _red_add_pair(address: Int64, first: Float32, second: Float32, *, loc=None, ip=None) -> None:
-    """Atomically add two adjacent fp32 values at global byte ``address`` (8-byte aligned)."""
-    llvm.inline_asm(
-        None,
-        [Int64(address).ir_value(loc=loc, ip=ip), Float32(first).ir_value(loc=loc, ip=ip),
-         Float32(second).ir_value(loc=loc, ip=ip)],
-        "red.global.add.v2.f32 [$0], {$1, $2};",
-        "l,f,f",
-        has_side_effects=True,
-        is_align_stack=False,
-        asm_dialect=llvm.AsmDialect.AD_ATT,
-    )
+SMEM_BUDGET = SMEM_BYTES - 4096  # the tiles' share (barriers, LSE / D rows, alignment)
 
 
 class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
     """See the module docstring. ``__init__`` takes only the compile-time configuration."""
 
     def __init__(self, config: AttentionBwdConfig):
-        d, tn = config.head_dim, config.tile_n
-        if (config.tile_m != 64 or config.stages != 2 or config.do_stages != 1
-                or d not in WIDE_HEAD_DIMS or tn != TILE_N[d] or (config.deterministic and d != 192)):
+        d, tn, tm = config.head_dim, config.tile_n, config.tile_m
+        if (tm != 64 or config.stages not in (1, 2) or config.do_stages != 1
+                or d not in WIDE_HEAD_DIMS or tn not in (64, 80, 96)):
             raise ValueError(f"unsupported backward tiles: {config}")
         self.config = config
         self.tile_m, self.tile_n, self.head_dim = config.tile_m, tn, d
@@ -89,12 +72,13 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
         self.wg_keys = tn // 2
         self.queries_on_rows = True
         self.do_stages = config.do_stages
-        # dQ through shared memory and TMA where its fp32 tiles fit (head dim 192), then with
-        # one P / dS buffer; atomics from registers at 256, in two 64-column chunks per
-        # warpgroup (registers: dK^T and dV^T hold 160 per thread).
-        self.dq_atomic = d == 256
-        self.score_buffers = 2 if self.dq_atomic else 1
-        self.dq_chunks = 2 if self.dq_atomic else 1
+        # Shared memory: Q and dO stages, K and V, dQ's fp32 tiles, and P and dS: a buffer per
+        # Q stage where that fits, else one.
+        fixed = 2 * tm * d * (config.stages + self.do_stages) + 4 * tn * d + 4 * tm * d
+        scores = 4 * tm * tn
+        if fixed + scores > SMEM_BUDGET:
+            raise ValueError(f"backward tiles past the shared memory: {config}")
+        self.score_buffers = config.stages if fixed + config.stages * scores <= SMEM_BUDGET else 1
 
     def _tiles(self, d, tm, tn, st):
         """Shared-memory layouts and tiled MMAs (module docstring)."""
@@ -110,7 +94,6 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
                                      (tm, tn, 2 * self.score_buffers), (1, 0, 2))
         self.sdQ_layout = self._smem(Float32, row_major, self.dq_cols, (tm, self.dq_cols, 2),
                                      (0, 1, 2))
-        self.sdQ_elems = 32 if self.dq_atomic else cute.cosize(self.sdQ_layout)
         K, MN = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
 
         def mma(a_major, b_major, n):
@@ -120,10 +103,10 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
 
         self.mma_s = mma(K, K, self.wg_keys)  # S, dP: tm queries x this warpgroup's keys
         self.mma_kv = mma(MN, K, self.wg_keys)  # dV^T, dK^T: D x this warpgroup's keys
-        self.mma_dq = mma(MN, MN, self.dq_cols // self.dq_chunks)  # dQ: tm queries x D / 2
+        self.mma_dq = mma(MN, MN, self.dq_cols)  # dQ: tm queries x D / 2
 
     @cute.jit
-    def mma(self, mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sPdS, sdQ, sLSE, sD, mdQ, mdK, mdV,
+    def mma(self, mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sPdS, sdQ, sLSE, sD, mdK, mdV,
             pipe_kv, pipe_q, pipe_do, work, scale_log2, softcap_prescale, dk_scale, window_left,
             window_right, tidx):
         """MMA warpgroups: scores, dK and dV for their half of the keys, dQ for their half of
@@ -132,7 +115,7 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
         seq, n_block, head_kv, batch, group, m_min, m_max, steps = work
         wg = cute.arch.make_warp_uniform(tidx // 128)
         d, tm, tn, st, wk = self.head_dim, self.tile_m, self.tile_n, cfg.stages, self.wg_keys
-        do_st, dc = self.do_stages, self.dq_cols // self.dq_chunks
+        do_st, dh = self.do_stages, self.dq_cols
         s_ops, kv_ops, dq_ops = mma_s.get_slice(0), mma_kv.get_slice(0), mma_dq.get_slice(0)
         tSrQ = mma_s.make_fragment_A(s_ops.partition_A(sQ))
         tSrdO = mma_s.make_fragment_A(s_ops.partition_A(sdO))
@@ -146,9 +129,8 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
         own = cute.local_tile(_transposed(sPdS, (tn, tm, nb), (1, 0, 2)), (wk, tm, nb), (wg, 0, 0))
         tKrPdS = mma_kv.make_fragment_B(kv_ops.partition_B(own))
         tQrdS = mma_dq.make_fragment_A(dq_ops.partition_A(sPdS))
-        sKt = _transposed(sK, (d, tn), (1, 0))
-        tQrK = [mma_dq.make_fragment_B(dq_ops.partition_B(
-            cute.local_tile(sKt, (dc, tn), (wg * self.dq_chunks + c, 0)))) for c in range(self.dq_chunks)]
+        tQrK = mma_dq.make_fragment_B(dq_ops.partition_B(
+            cute.local_tile(_transposed(sK, (d, tn), (1, 0)), (dh, tn), (wg, 0))))
         acc_dv = cute.make_rmem_tensor(kv_ops.partition_shape_C((d, wk)), Float32)
         acc_dk = cute.make_rmem_tensor(kv_ops.partition_shape_C((d, wk)), Float32)
         acc_dv.fill(0.0)
@@ -158,10 +140,9 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
         tSsLSE = thr_s.partition_C(cute.make_tensor(sLSE.iterator, cute.make_layout((tm, wk, st), stride=(1, 0, tm))))
         tSsD = thr_s.partition_C(cute.make_tensor(sD.iterator, cute.make_layout((tm, wk, do_st), stride=(1, 0, tm))))
         tSsPdS = thr_s.partition_C(cute.local_tile(sPdS, (tm, wk, nb), (0, wg, 0)))
-        if const_expr(not self.dq_atomic):
-            tQsdQ = mma_dq.get_slice(tidx % 128).partition_C(sdQ[None, None, wg])
-            dq_empty = int(AttentionBwdBarrier.DQ_EMPTY) + wg
-            dq_full = int(AttentionBwdBarrier.DQ_FULL) + wg
+        tQsdQ = mma_dq.get_slice(tidx % 128).partition_C(sdQ[None, None, wg])
+        dq_empty = int(AttentionBwdBarrier.DQ_EMPTY) + wg
+        dq_full = int(AttentionBwdBarrier.DQ_FULL) + wg
         key0 = n_block * tn + wg * wk
         ds_ready = int(AttentionBwdBarrier.DS_READY)
         own_ready = int(AttentionBwdBarrier.OWN_SCORES_READY) + wg
@@ -213,20 +194,16 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
             warpgroup.wait_group(1)  # dV done: dO's stage is free for the next step's load
             pipe_do.consumer_release(do_state)
             do_state.advance()
-            cute.arch.barrier(barrier_id=ds_ready, number_of_threads=256)
-            for c in cutlass.range_constexpr(self.dq_chunks):
-                acc_dq = cute.make_rmem_tensor(dq_ops.partition_shape_C((tm, dc)), Float32)
-                warpgroup_gemm(mma_dq, acc_dq, tQrdS[None, None, None, p + 1], tQrK[c], True)
-                warpgroup.wait_group(0)
-                if const_expr(self.dq_atomic):
-                    self.add_dq(mma_dq, acc_dq, mdQ, seq, head, batch, m_block,
-                                wg * self.dq_chunks + c, tidx)
-                else:
-                    cute.arch.barrier(barrier_id=dq_empty, number_of_threads=160)
-                    cute.autovec_copy(acc_dq, tQsdQ)
-                    cute.arch.fence_view_async_shared()
-                    cute.arch.barrier_arrive(barrier_id=dq_full, number_of_threads=160)
+            warpgroup.wait_group(0)  # dK done: so is Q's (dQ reads neither)
             pipe_q.consumer_release(state)
+            cute.arch.barrier(barrier_id=ds_ready, number_of_threads=256)
+            acc_dq = cute.make_rmem_tensor(dq_ops.partition_shape_C((tm, dh)), Float32)
+            warpgroup_gemm(mma_dq, acc_dq, tQrdS[None, None, None, p + 1], tQrK, True)
+            warpgroup.wait_group(0)
+            cute.arch.barrier(barrier_id=dq_empty, number_of_threads=160)
+            cute.autovec_copy(acc_dq, tQsdQ)
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier_arrive(barrier_id=dq_full, number_of_threads=160)
             state.advance()
             head, m_block, left = self._next_step(work, head, m_block, left)
         for j in cutlass.range(cute.size(acc_dk), unroll_full=True):
@@ -259,20 +236,3 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
         values = cute.make_rmem_tensor(acc.shape, self.dtype)
         convert_pairs(acc, values)
         cute.autovec_copy(values, tSs)
-
-    @cute.jit
-    def add_dq(self, mma_dq, acc_dq, mdQ, seq, head, batch, m_block, chunk, tidx):
-        """Head dim 256: this warpgroup's dQ columns of the step's queries added into the fp32
-        accumulator from registers, one ``red.global.add.v2.f32`` per pair of adjacent
-        columns; rows past the sequence are skipped."""
-        rows = self._rows(mdQ, seq.offset_q, head, batch)
-        tile = (self.tile_m, self.dq_cols // self.dq_chunks)
-        thr = mma_dq.get_slice(tidx % 128)
-        tg = thr.partition_C(cute.local_tile(rows, tile, (m_block, chunk)))
-        tc = thr.partition_C(cute.make_identity_tensor(tile))
-        rows_left = seq.seqlen_q - m_block * self.tile_m
-        base = tg.iterator.toint()
-        for j in cutlass.range_constexpr(cute.size(acc_dq) // 2):
-            if tc[2 * j][0] < rows_left:
-                address = base + Int64(tg.layout(2 * j)) * 4
-                _red_add_pair(address, acc_dq[2 * j], acc_dq[2 * j + 1])

@@ -113,11 +113,9 @@ BWD_HEAD_DIMS = (64, 96, 128, 192, 256)
 # Softcap's backward turns the scores into their tanh in place and folds the tanh's derivative
 # into dP - D before P is formed, so it holds no more than the plain backward (no spills).
 BWD_SOFTCAP_HEAD_DIMS = BWD_HEAD_DIMS
-# Past 128 the two MMA warpgroups split the head dim (``bwd_wide_sm90.py``): 64 keys per CTA.
-# At 256, dQ is added with atomics from registers (no shared memory left for its tile), so its
-# order of summation is not fixed.
+# Past 128 the two MMA warpgroups split the keys and compute dK, dV transposed
+# (``bwd_wide_sm90.py``).
 BWD_WIDE_HEAD_DIMS = (192, 256)
-BWD_DETERMINISTIC_HEAD_DIMS = (64, 96, 128, 192)
 
 
 def bwd_supported(head_dim: int, softcap: bool) -> bool:
@@ -127,12 +125,15 @@ def bwd_supported(head_dim: int, softcap: bool) -> bool:
 @functools.lru_cache(maxsize=256)
 def attention_bwd_config(head_dim: int, *, local: bool, softcap: bool, varlen: bool,
                          deterministic: bool = False) -> AttentionBwdConfig:
-    tile_n, do_stages = 128, 0
+    tile_n, stages, do_stages = 128, 2, 0
     if head_dim in BWD_WIDE_HEAD_DIMS:
-        # bwd_wide_sm90.py: the widest key blocks whose tiles fit the shared memory with one
-        # dO stage (96 at 192, with dQ's fp32 tiles and one P / dS buffer; 80 at 256)
-        tile_n, do_stages = (96 if head_dim == 192 else 80), 1
-    return AttentionBwdConfig(head_dim, tile_n=tile_n, local=local, softcap=softcap,
+        # bwd_wide_sm90.py, measured on H100 (bf16, S = 4096, full / causal TFLOP/s): one dO
+        # stage beside dQ's fp32 tiles; at 192 96-key blocks and two Q stages (448 / 390;
+        # one Q stage 427 / 403, 64 keys 342 / 311); at 256 64-key blocks and one Q stage
+        # (385 / 358; 80 keys with two Q stages, no room for dQ's tiles, dQ atomics from
+        # registers: 314 / 290)
+        tile_n, stages, do_stages = (96, 2, 1) if head_dim == 192 else (64, 1, 1)
+    return AttentionBwdConfig(head_dim, tile_n=tile_n, stages=stages, local=local, softcap=softcap,
                               varlen=varlen, deterministic=deterministic, do_stages=do_stages)
 
 
@@ -140,5 +141,4 @@ def all_bwd_configs() -> list[AttentionBwdConfig]:
     """Every backward configuration the op can launch."""
     return [attention_bwd_config(d, local=local, softcap=softcap, varlen=varlen, deterministic=det)
             for d in BWD_HEAD_DIMS for local in (False, True) for softcap in (False, True)
-            for varlen in (False, True) for det in (False, True)
-            if bwd_supported(d, softcap) and (not det or d in BWD_DETERMINISTIC_HEAD_DIMS)]
+            for varlen in (False, True) for det in (False, True) if bwd_supported(d, softcap)]

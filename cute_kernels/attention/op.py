@@ -18,8 +18,8 @@ from ..runtime.arch import sm_count
 from ..runtime.compile import ScalarSpec, StreamSpec, Sym, TensorSpec, get_kernel
 from ..runtime.dtypes import dtype_name
 from ..runtime.errors import check_tensor, describe
-from .config import (BWD_DETERMINISTIC_HEAD_DIMS, BWD_HEAD_DIMS, BWD_SOFTCAP_HEAD_DIMS, BWD_WIDE_HEAD_DIMS,
-                     HEAD_DIMS, attention_bwd_config, attention_fwd_config, bwd_supported)
+from .config import (BWD_HEAD_DIMS, BWD_SOFTCAP_HEAD_DIMS, BWD_WIDE_HEAD_DIMS, HEAD_DIMS,
+                     attention_bwd_config, attention_fwd_config, bwd_supported)
 
 DTYPES = (torch.bfloat16, torch.float16)
 ALIGN = 8  # elements: TMA needs every non-unit stride (and the data pointer) on 16 bytes
@@ -349,18 +349,13 @@ def _window(causal: bool, window_size, unbounded: int) -> tuple[bool, int, int]:
     return local, (left if left >= 0 else unbounded), (right if right >= 0 else unbounded)
 
 
-def _check_backward(head_dim: int, softcap: float, deterministic: bool) -> None:
+def _check_backward(head_dim: int, softcap: float) -> None:
     if not bwd_supported(head_dim, softcap > 0):
         dims = BWD_SOFTCAP_HEAD_DIMS if softcap > 0 else BWD_HEAD_DIMS
         what = "with softcap " if softcap > 0 else ""
         raise UnsupportedError(
             f"the backward of flash_attn {what}supports head dims {', '.join(map(str, dims))}; got "
             f"{head_dim} (call it without gradients: torch.no_grad() or detached inputs)")
-    if deterministic and head_dim not in BWD_DETERMINISTIC_HEAD_DIMS:
-        raise UnsupportedError(
-            f"deterministic=True: the backward sums dQ in a fixed order at head dims "
-            f"{', '.join(map(str, BWD_DETERMINISTIC_HEAD_DIMS))}; got {head_dim} (its dQ adds are "
-            f"atomic: pass deterministic=False)")
 
 
 class _FlashAttn(torch.autograd.Function):
@@ -384,11 +379,11 @@ def _needs_grad(q, k, v) -> bool:
     return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
 
-def _attend(q, k, v, fwd, bwd, softcap, deterministic, return_lse):
+def _attend(q, k, v, fwd, bwd, softcap, return_lse):
     """``fwd(q, k, v)``, through the autograd Function (with ``bwd``) when a gradient is needed
     (refused before running where the backward does not exist)."""
     if _needs_grad(q, k, v):
-        _check_backward(q.shape[-1], softcap, deterministic)
+        _check_backward(q.shape[-1], softcap)
         out, lse = _FlashAttn.apply(q, k, v, fwd, bwd)
     else:
         out, lse = fwd(q, k, v)
@@ -495,9 +490,7 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: flo
       - the head dim contiguous; other strides that are not multiples of 8 elements (or a data
         pointer not on 16 bytes) cost a copy of that tensor
       - differentiable at every head dim (with or without softcap). dQ is summed with atomic
-        adds, so gradients are bit-identical from run to run only with ``deterministic=True``,
-        which head dim 256 does not support (its dQ adds are per-thread atomics; the call
-        raises before running)
+        adds, so gradients are bit-identical from run to run only with ``deterministic=True``
     """
     key = _plan_key(q, k, v, softmax_scale, causal, window_size, softcap, dropout_p, alibi_slopes,
                     return_lse)
@@ -522,7 +515,7 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: flo
         return _batch_backward(q, k, v, out, lse, dout, scale, causal, window_size, softcap,
                                bool(deterministic))
 
-    return _attend(q, k, v, fwd, bwd, softcap, deterministic, return_lse)
+    return _attend(q, k, v, fwd, bwd, softcap, return_lse)
 
 
 def _check_cu_seqlens(name: str, cu: torch.Tensor, device, batch: int | None):
@@ -590,4 +583,4 @@ def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        scale, local, left, right, float(softcap), bool(deterministic))
         return dq, dk, dv
 
-    return _attend(q, k, v, fwd, bwd, softcap, deterministic, return_lse)
+    return _attend(q, k, v, fwd, bwd, softcap, return_lse)
