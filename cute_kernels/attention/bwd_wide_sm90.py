@@ -83,7 +83,8 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
     def _tiles(self, d, tm, tn, st):
         """Shared-memory layouts and tiled MMAs (module docstring)."""
         row_major = tensor_utils.LayoutEnum.ROW_MAJOR
-        atom_cols = 32 if d == 192 else d  # 192: 32-column atoms (each warpgroup's 96 whole)
+        # swizzle atoms no wider than a warpgroup's share of D (whole atoms of dQ's operand)
+        atom_cols = next(c for c in (64, 32, 16) if (d // 2) % c == 0)
         self.sQ_layout = self._smem(self.dtype, row_major, atom_cols, (tm, d, st), (0, 1, 2))
         self.sdO_layout = self._smem(self.dtype, row_major, atom_cols, (tm, d, self.do_stages), (0, 1, 2))
         self.sK_layout = self._smem(self.dtype, row_major, atom_cols, (tn, d), (0, 1))
