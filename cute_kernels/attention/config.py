@@ -109,17 +109,11 @@ class AttentionBwdConfig:
     do_stages: int = 0
 
 
-BWD_HEAD_DIMS = (64, 96, 128, 192, 256)
-# Softcap's backward turns the scores into their tanh in place and folds the tanh's derivative
-# into dP - D before P is formed, so it holds no more than the plain backward (no spills).
-BWD_SOFTCAP_HEAD_DIMS = BWD_HEAD_DIMS
-# Past 128 the two MMA warpgroups split the keys and compute dK, dV transposed
-# (``bwd_wide_sm90.py``).
+# The backward runs every forward head dim, softcap included (softcap turns the scores into
+# their tanh in place and folds the tanh's derivative into dP - D before P is formed: no more
+# registers than without it). Past 128 the two MMA warpgroups split the keys and compute dK,
+# dV transposed (``bwd_wide_sm90.py``).
 BWD_WIDE_HEAD_DIMS = (192, 256)
-
-
-def bwd_supported(head_dim: int, softcap: bool) -> bool:
-    return head_dim in (BWD_SOFTCAP_HEAD_DIMS if softcap else BWD_HEAD_DIMS)
 
 
 @functools.lru_cache(maxsize=256)
@@ -140,5 +134,5 @@ def attention_bwd_config(head_dim: int, *, local: bool, softcap: bool, varlen: b
 def all_bwd_configs() -> list[AttentionBwdConfig]:
     """Every backward configuration the op can launch."""
     return [attention_bwd_config(d, local=local, softcap=softcap, varlen=varlen, deterministic=det)
-            for d in BWD_HEAD_DIMS for local in (False, True) for softcap in (False, True)
-            for varlen in (False, True) for det in (False, True) if bwd_supported(d, softcap)]
+            for d in HEAD_DIMS for local in (False, True) for softcap in (False, True)
+            for varlen in (False, True) for det in (False, True)]

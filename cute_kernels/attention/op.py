@@ -18,8 +18,7 @@ from ..runtime.arch import sm_count
 from ..runtime.compile import ScalarSpec, StreamSpec, Sym, TensorSpec, get_kernel
 from ..runtime.dtypes import dtype_name
 from ..runtime.errors import check_tensor, describe
-from .config import (BWD_HEAD_DIMS, BWD_SOFTCAP_HEAD_DIMS, BWD_WIDE_HEAD_DIMS, HEAD_DIMS,
-                     attention_bwd_config, attention_fwd_config, bwd_supported)
+from .config import BWD_WIDE_HEAD_DIMS, HEAD_DIMS, attention_bwd_config, attention_fwd_config
 
 DTYPES = (torch.bfloat16, torch.float16)
 ALIGN = 8  # elements: TMA needs every non-unit stride (and the data pointer) on 16 bytes
@@ -90,7 +89,7 @@ def compile_configurations(quick: bool = False) -> list:
         bwd = [c for c in bwd if c.head_dim == 128 and not c.softcap and not c.varlen]
     from .preprocess import RowDotSm90
 
-    dims = (128,) if quick else BWD_HEAD_DIMS
+    dims = (128,) if quick else HEAD_DIMS
     return ([(FlashAttnFwdSm90, cfg, kernel_specs(dtype, cfg.head_dim, cfg.varlen))
              for cfg in configs for dtype in dtypes]
             + [(_bwd_class(cfg.head_dim), cfg, bwd_kernel_specs(dtype, cfg.head_dim, cfg.varlen))
@@ -349,15 +348,6 @@ def _window(causal: bool, window_size, unbounded: int) -> tuple[bool, int, int]:
     return local, (left if left >= 0 else unbounded), (right if right >= 0 else unbounded)
 
 
-def _check_backward(head_dim: int, softcap: float) -> None:
-    if not bwd_supported(head_dim, softcap > 0):
-        dims = BWD_SOFTCAP_HEAD_DIMS if softcap > 0 else BWD_HEAD_DIMS
-        what = "with softcap " if softcap > 0 else ""
-        raise UnsupportedError(
-            f"the backward of flash_attn {what}supports head dims {', '.join(map(str, dims))}; got "
-            f"{head_dim} (call it without gradients: torch.no_grad() or detached inputs)")
-
-
 class _FlashAttn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, fwd, bwd):
@@ -379,11 +369,9 @@ def _needs_grad(q, k, v) -> bool:
     return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
 
-def _attend(q, k, v, fwd, bwd, softcap, return_lse):
-    """``fwd(q, k, v)``, through the autograd Function (with ``bwd``) when a gradient is needed
-    (refused before running where the backward does not exist)."""
+def _attend(q, k, v, fwd, bwd, return_lse):
+    """``fwd(q, k, v)``, through the autograd Function (with ``bwd``) when a gradient is needed."""
     if _needs_grad(q, k, v):
-        _check_backward(q.shape[-1], softcap)
         out, lse = _FlashAttn.apply(q, k, v, fwd, bwd)
     else:
         out, lse = fwd(q, k, v)
@@ -515,7 +503,7 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: flo
         return _batch_backward(q, k, v, out, lse, dout, scale, causal, window_size, softcap,
                                bool(deterministic))
 
-    return _attend(q, k, v, fwd, bwd, softcap, return_lse)
+    return _attend(q, k, v, fwd, bwd, return_lse)
 
 
 def _check_cu_seqlens(name: str, cu: torch.Tensor, device, batch: int | None):
@@ -583,4 +571,4 @@ def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        scale, local, left, right, float(softcap), bool(deterministic))
         return dq, dk, dv
 
-    return _attend(q, k, v, fwd, bwd, softcap, return_lse)
+    return _attend(q, k, v, fwd, bwd, return_lse)
