@@ -526,25 +526,9 @@ class FlashAttnBwdSm90:
             lse = rows_cols(tSsLSE[None, None, None, b])
             dsum = rows_cols(tSsD[None, None, None, b])
             # P^T (while dP^T is computed), then dS^T; blocks on an edge also mask.
-            mask = self.on_edge(key0, q0, seq, window_left, window_right)
-            if const_expr(cfg.softcap):
-                # S^T -> tanh(S^T * scale / cap) (P's exponent is that times cap); dP^T -> (dP^T - D)
-                # times the tanh's derivative; then P^T as without softcap, and dS^T = P^T dP^T.
-                warpgroup.wait_group(1)
-                for j in cutlass.range(cute.size(acc_s), unroll_full=True):
-                    acc_s[j] = cute.math.tanh(acc_s[j] * softcap_prescale, fastmath=True)
-                warpgroup.wait_group(0)
-                self.softcap_gradients(acc_s, acc_dp, dsum)
-                self.edge_probabilities(acc_s, coords, lse, scale_log2, key0, q0, seq,
-                                        window_left, window_right, mask)
-                for j in cutlass.range(cute.size(acc_s), unroll_full=True):
-                    acc_dp[j] = acc_s[j] * acc_dp[j]
-            else:
-                warpgroup.wait_group(1)
-                self.edge_probabilities(acc_s, coords, lse, scale_log2, key0, q0, seq,
-                                        window_left, window_right, mask)
-                warpgroup.wait_group(0)
-                self.score_gradients(acc_s, acc_dp, dsum)
+            self.probabilities_and_gradients(acc_s, acc_dp, coords, lse, dsum, scale_log2,
+                                             softcap_prescale, key0, q0, seq, window_left,
+                                             window_right)
             convert_pairs(as_operand_a(acc_s), tVrP)
             warpgroup_gemm(mma_kv, acc_dv, tVrP, tVrdO[None, None, None, b], False)
             convert_pairs(as_operand_a(acc_dp), tKrdS)
@@ -574,6 +558,32 @@ class FlashAttnBwdSm90:
         tile, coord, row0 = (64, d), (n_block * 2 + wg, 0), n_block * self.tile_n + wg * 64
         self.store_kv(mma_kv, acc_dk, mdK, seq, head_kv, batch, tile, coord, row0, tidx)
         self.store_kv(mma_kv, acc_dv, mdV, seq, head_kv, batch, tile, coord, row0, tidx)
+
+    @cute.jit
+    def probabilities_and_gradients(self, acc_s, acc_dp, coords, lse, dsum, scale_log2,
+                                    softcap_prescale, key0, q0, seq, window_left, window_right):
+        """P in place of the scores (the S GEMM, the next to last wgmma group, waited for
+        first) and dS = P (dP - D) in place of dP (the last group), masked where this
+        warpgroup's block is on an edge. Softcap: S -> tanh(S * scale / cap) (P's exponent is
+        that times cap), dP -> (dP - D) times the tanh's derivative, then P as without
+        softcap and dS = P dP."""
+        mask = self.on_edge(key0, q0, seq, window_left, window_right)
+        if const_expr(self.config.softcap):
+            warpgroup.wait_group(1)
+            for j in cutlass.range(cute.size(acc_s), unroll_full=True):
+                acc_s[j] = cute.math.tanh(acc_s[j] * softcap_prescale, fastmath=True)
+            warpgroup.wait_group(0)
+            self.softcap_gradients(acc_s, acc_dp, dsum)
+            self.edge_probabilities(acc_s, coords, lse, scale_log2, key0, q0, seq,
+                                    window_left, window_right, mask)
+            for j in cutlass.range(cute.size(acc_s), unroll_full=True):
+                acc_dp[j] = acc_s[j] * acc_dp[j]
+        else:
+            warpgroup.wait_group(1)
+            self.edge_probabilities(acc_s, coords, lse, scale_log2, key0, q0, seq,
+                                    window_left, window_right, mask)
+            warpgroup.wait_group(0)
+            self.score_gradients(acc_s, acc_dp, dsum)
 
     @cute.jit
     def store_ds_t(self, tKrdS, base):

@@ -165,23 +165,9 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
             warpgroup_gemm(mma_s, acc_dp, tSrdO[None, None, None, db], tSrV, True)
             lse = rows_cols(tSsLSE[None, None, None, b])
             dsum = rows_cols(tSsD[None, None, None, db])
-            mask = self.on_edge(key0, q0, seq, window_left, window_right)
-            if const_expr(cfg.softcap):
-                warpgroup.wait_group(1)
-                for j in cutlass.range(cute.size(acc_s), unroll_full=True):
-                    acc_s[j] = cute.math.tanh(acc_s[j] * softcap_prescale, fastmath=True)
-                warpgroup.wait_group(0)
-                self.softcap_gradients(acc_s, acc_dp, dsum)
-                self.edge_probabilities(acc_s, coords, lse, scale_log2, key0, q0, seq,
-                                        window_left, window_right, mask)
-                for j in cutlass.range(cute.size(acc_s), unroll_full=True):
-                    acc_dp[j] = acc_s[j] * acc_dp[j]
-            else:
-                warpgroup.wait_group(1)
-                self.edge_probabilities(acc_s, coords, lse, scale_log2, key0, q0, seq,
-                                        window_left, window_right, mask)
-                warpgroup.wait_group(0)
-                self.score_gradients(acc_s, acc_dp, dsum)
+            self.probabilities_and_gradients(acc_s, acc_dp, coords, lse, dsum, scale_log2,
+                                             softcap_prescale, key0, q0, seq, window_left,
+                                             window_right)
             p = 2 * b if const_expr(self.score_buffers == 2) else 0
             if const_expr(self.score_buffers == 1):
                 if i > 0:  # both warpgroups' GEMMs of the previous step are done
