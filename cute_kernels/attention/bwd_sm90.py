@@ -125,6 +125,7 @@ class FlashAttnBwdSm90:
         self.wg_keys = 64  # keys per MMA warpgroup's score tile
         self.queries_on_rows = False  # score tiles are S^T: keys on rows, queries on columns
         self.do_stages = config.do_stages  # 0: dO in Q's pipeline stages
+        self.do_buffers = config.do_stages or config.stages  # dO / D buffers in shared memory
 
     # ------------------------------------------------------------------ host side
 
@@ -185,7 +186,7 @@ class FlashAttnBwdSm90:
         self.qdo_bytes = 2 * cute.size_in_bytes(self.dtype, one_stage) + 2 * tm * 4
         if const_expr(self.do_stages > 0):  # Q and its LSE; dO and its D on their own
             self.qdo_bytes = self.qdo_bytes // 2
-        do_st = self.do_stages if self.do_stages > 0 else st
+        do_st = self.do_buffers
         self.kv_bytes = 2 * cute.size_in_bytes(self.dtype, self.sK_layout)
 
         @cute.struct
@@ -256,8 +257,7 @@ class FlashAttnBwdSm90:
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
         sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
         sLSE = storage.sLSE.get_tensor(cute.make_layout((self.tile_m, cfg.stages)))
-        sD = storage.sD.get_tensor(cute.make_layout(
-            (self.tile_m, self.do_stages if const_expr(self.do_stages > 0) else cfg.stages)))
+        sD = storage.sD.get_tensor(cute.make_layout((self.tile_m, self.do_buffers)))
 
         n_block, head_kv, batch = cute.arch.block_idx()
         seq = Sequence(batch, seqlen_q_static, seqlen_k_static, mCuSeqlensQ, mCuSeqlensK)

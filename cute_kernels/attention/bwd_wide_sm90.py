@@ -71,7 +71,7 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
         self.dq_wgs, self.dq_cols = 2, d // 2
         self.wg_keys = tn // 2
         self.queries_on_rows = True
-        self.do_stages = config.do_stages
+        self.do_stages = self.do_buffers = config.do_stages
         # Shared memory: Q and dO stages, K and V, dQ's fp32 tiles, and P and dS: a buffer per
         # Q stage where that fits, else one.
         fixed = 2 * tm * d * (config.stages + self.do_stages) + 4 * tn * d + 4 * tm * d

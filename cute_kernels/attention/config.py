@@ -98,8 +98,8 @@ def all_fwd_configs() -> list[AttentionFwdConfig]:
 class AttentionBwdConfig:
     head_dim: int
     tile_m: int = 64  # query rows per step
-    tile_n: int = 128  # key rows per CTA: 64 per MMA warpgroup (head dims above 128: 64 per CTA)
-    stages: int = 2  # Q / dO pipeline depth
+    tile_n: int = 128  # key rows per CTA: 64 per MMA warpgroup (past head dim 128: tile_n / 2)
+    stages: int = 2  # Q's pipeline depth (dO's too where do_stages is 0)
     local: bool = False
     softcap: bool = False
     varlen: bool = False
