@@ -464,7 +464,7 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: flo
         dropout_p, alibi_slopes: accepted for compatibility; only 0.0 and None.
         deterministic: the backward sums dQ over key blocks in one fixed order (semaphores
             between the CTAs of a head), so gradients are bit-identical from run to run; the
-            forward always is. Measured cost: 2-4% of the backward at hdim 128, S = 4096
+            forward always is. Measured cost: 3-5% of the backward at hdim 128, S = 4096
             (benchmarks/NOTES.md).
         return_lse: also return the log-sum-exp of each row's scores, fp32 (B, Hq, Sq).
 
