@@ -573,7 +573,7 @@ class FlashAttnBwdSm90:
             for j in cutlass.range(cute.size(acc_s), unroll_full=True):
                 acc_s[j] = cute.math.tanh(acc_s[j] * softcap_prescale, fastmath=True)
             warpgroup.wait_group(0)
-            self.softcap_gradients(acc_s, acc_dp, dsum)
+            self.score_gradients(acc_s, acc_dp, dsum, softcap=True)
             self.edge_probabilities(acc_s, coords, lse, scale_log2, key0, q0, seq,
                                     window_left, window_right, mask)
             for j in cutlass.range(cute.size(acc_s), unroll_full=True):
@@ -676,29 +676,21 @@ class FlashAttnBwdSm90:
                 s[r, c] = cute.math.exp2(score * scale_log2 - row_lse, fastmath=True)
 
     @cute.jit
-    def score_gradients(self, acc_p, acc_dp, dsum):
-        """dS = P (dP - D) in place of dP."""
-        p, dp = rows_cols(acc_p), rows_cols(acc_dp)
-        queries, keys = self._counts(p)
+    def score_gradients(self, acc_x, acc_dp, dsum, softcap: cutlass.Constexpr = False):
+        """dS = P (dP - D) in place of dP, ``acc_x`` holding P; with ``softcap``, (dP - D)
+        (1 - T^2) instead, ``acc_x`` holding T = tanh(S * scale / cap) (finite): the capped
+        score's derivative (P is applied afterwards)."""
+        x, dp = rows_cols(acc_x), rows_cols(acc_dp)
+        queries, keys = self._counts(x)
         for i in cutlass.range_constexpr(queries):
             r0, c0 = self._element(i, 0)
             row_d = dsum[r0, c0]
             for j in cutlass.range_constexpr(keys):
                 r, c = self._element(i, j)
-                dp[r, c] = p[r, c] * (dp[r, c] - row_d)
-
-    @cute.jit
-    def softcap_gradients(self, acc_t, acc_dp, dsum):
-        """Softcap: dP -> (dP - D) (1 - T^2) in place, T = tanh(S * scale / cap) (finite), the
-        derivative of the capped score."""
-        t, dp = rows_cols(acc_t), rows_cols(acc_dp)
-        queries, keys = self._counts(t)
-        for i in cutlass.range_constexpr(queries):
-            r0, c0 = self._element(i, 0)
-            row_d = dsum[r0, c0]
-            for j in cutlass.range_constexpr(keys):
-                r, c = self._element(i, j)
-                dp[r, c] = (dp[r, c] - row_d) * (Float32(1.0) - t[r, c] * t[r, c])
+                if const_expr(softcap):
+                    dp[r, c] = (dp[r, c] - row_d) * (Float32(1.0) - x[r, c] * x[r, c])
+                else:
+                    dp[r, c] = x[r, c] * (dp[r, c] - row_d)
 
     @cute.jit
     def store_kv(self, mma_kv, acc, mOut, seq, head_kv, batch, tile, coord, row0, tidx):

@@ -30,8 +30,8 @@ keys (32 or 48) along N:
   - At D = 192 the D-contiguous tiles use 32-column (64-byte swizzle) atoms, so a
     warpgroup's 96 columns of K are whole atoms of dQ's MN-major B operand.
 
-Softcap and the masks as ``bwd_sm90.py`` (its ``probabilities``, ``score_gradients``,
-``softcap_gradients`` and ``on_edge``, here with queries on the fragment's rows).
+Softcap and the masks as ``bwd_sm90.py`` (its ``probabilities_and_gradients`` and
+``on_edge``, here with queries on the fragment's rows).
 
 Constraints:
   - head dim 192 or 256; tile_m 64; tile_n 64, 80 or 96; one or two Q stages, one dO stage;
