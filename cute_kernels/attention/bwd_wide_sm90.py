@@ -34,7 +34,7 @@ Softcap and the masks as ``bwd_sm90.py`` (its ``probabilities_and_gradients`` an
 ``on_edge``, here with queries on the fragment's rows).
 
 Constraints:
-  - head dim 192 or 256; tile_m 64; tile_n 64, 80 or 96; one or two Q stages, one dO stage;
+  - head dim 192 or 256; tile_m 64; tile_n 64 or 96; one or two Q stages, one dO stage;
     the tiles within the shared memory (checked when the kernel is built)
   - bf16 or fp16; strides, LSE / D rows and the dQ accumulator as ``bwd_sm90.py``
 """
@@ -64,7 +64,7 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
     def __init__(self, config: AttentionBwdConfig):
         d, tn, tm = config.head_dim, config.tile_n, config.tile_m
         if (tm != 64 or config.stages not in (1, 2) or config.do_stages != 1
-                or d not in WIDE_HEAD_DIMS or tn not in (64, 80, 96)):
+                or d not in WIDE_HEAD_DIMS or tn not in (64, 96)):
             raise ValueError(f"unsupported backward tiles: {config}")
         self.config = config
         self.tile_m, self.tile_n, self.head_dim = config.tile_m, tn, d
@@ -218,8 +218,8 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
 
     @cute.jit
     def store_scores(self, acc, tSs):
-        """P or dS (fp32 fragment) to its shared tile in the input dtype, pairs of adjacent keys
-        as one 32-bit store."""
+        """P or dS (fp32 fragment) to its queries-contiguous shared tile in the input dtype (one
+        16-bit store per value: a thread's adjacent values are adjacent keys)."""
         values = cute.make_rmem_tensor(acc.shape, self.dtype)
         convert_pairs(acc, values)
         cute.autovec_copy(values, tSs)
