@@ -17,8 +17,16 @@ Rows (the ``cublas`` peer is what a torch user calls instead):
     time ratios), against quack's ``gemm_w4a16`` (nvfp4, its repacked weights) and cuBLAS bf16 on
     the dequantized weights; larger M in TFLOP/s. ``gemm_w4a16_prepared`` rows: the same calls
     with the weight prepared once (``nvfp4_prepare_weight``: the GEMM's TMA + wgmma kernel).
+    Up to 64 rows the calls are shorter than their host time, so the rows also carry
+    ``gpu_GBps``: the same calls' GPU time (host work hidden behind a queued GPU wait).
   - ``gemm_nvfp4``: both operands NVFP4, fp16 out (the public NVFP4 problems), TFLOP/s, against
     dequantizing both operands in torch and cuBLAS bf16 (the problems' torch baseline).
+  - ``gemv_nvfp4``: the public nvfp4_gemv shapes, GB/s of the matrix, its scales and the
+    output in GPU time (the contest's measure: host work hidden behind a queued GPU wait), with
+    the fraction of the bandwidth floor, the rate of back-to-back calls (host included) and the
+    host time per call.
+  - ``nvfp4_dual_gemm``: ``silu(a b1^T) * (a b2^T)`` at the public shapes, TFLOP/s of both
+    products, against the torch dequantize + cuBLAS baseline.
 
 ``--nvfp4`` runs only the NVFP4 rows.
 """
@@ -133,8 +141,12 @@ def w4a16_rows(results, shapes):
                "cublas": lambda x, p, s, d, w, qb, qs: torch.matmul(x, d.t())}
         if quack and usable(lambda x, p, s, d, w, qb, qs: quack[0](x, qb, qs, wformat="nvfp4"), *sets[0]):
             fns["quack"] = lambda x, p, s, d, w, qb, qs: quack[0](x, qb, qs, wformat="nvfp4")
+        extra = {}
         with torch.no_grad():
             ms = bench_many(fns, sets, rounds=ROUNDS)
+            if m <= 64:  # calls shorter than their host time: their GPU time too
+                gpu = bench_many(fns, sets, rounds=ROUNDS, device_only=True)
+                extra = {key: round(gbps(weight_bytes, v), 1) for key, v in gpu.items()}
         if m <= 64:
             rates = {key: gbps(weight_bytes, v) for key, v in ms.items()}
             unit = "GBps"
@@ -142,9 +154,13 @@ def w4a16_rows(results, shapes):
             rates = {key: tflops(2 * m * n * k, v) for key, v in ms.items()}
             unit = "TFLOPs"
         packed_rate, prepared_rate = rates.pop("ours"), rates.pop("ours_prepared")
-        results.add("quant", "gemm_w4a16", (m, n, k), "bfloat16", unit, packed_rate, rates)
+        gpu_rates = {key: v for key, v in extra.items() if not key.startswith("ours")}
+        packed_extra = {"gpu_GBps": {"ours": extra["ours"], **gpu_rates}} if extra else {}
+        prepared_extra = {"gpu_GBps": {"ours": extra["ours_prepared"], **gpu_rates}} if extra else {}
+        results.add("quant", "gemm_w4a16", (m, n, k), "bfloat16", unit, packed_rate, rates, **packed_extra)
         # the weight prepared once (nvfp4_prepare_weight): the GEMM's TMA + wgmma pipeline
-        results.add("quant", "gemm_w4a16_prepared", (m, n, k), "bfloat16", unit, prepared_rate, rates)
+        results.add("quant", "gemm_w4a16_prepared", (m, n, k), "bfloat16", unit, prepared_rate, rates,
+                    **prepared_extra)
 
 
 def nvfp4_gemm_rows(results, shapes):
@@ -167,6 +183,60 @@ def nvfp4_gemm_rows(results, shapes):
         results.add("quant", "gemm_nvfp4", (m, n, k), "nvfp4", "TFLOPs", rates.pop("ours"), rates)
 
 
+def nvfp4_gemv_rows(results, shapes, copy_gbps):
+    """``gemv_nvfp4`` at the public nvfp4_gemv problem's shapes (m, k, l), blocked scales as
+    the problem passes them: GB/s of a, its scales and the output (the problem's bandwidth
+    floor is those bytes over the copy rate), GPU time (``device_only``: the contest
+    harness's measure) and, beside it, the host time of one call."""
+    from cute_kernels.quant.formats import to_blocked
+
+    for m, k, batch in shapes:
+        nbytes = batch * (m * k // 2 + m * k // 16 + m * 2)
+
+        def make():
+            a, sa = _nvfp4_weight(batch * m, k)
+            x, sx = _nvfp4_weight(batch, k)
+            blocked_a = torch.stack([to_blocked(t) for t in sa.view(batch, m, -1)])
+            blocked_x = torch.stack([to_blocked(t) for t in sx.view(batch, 1, -1)])
+            return a.view(batch, m, -1), x, blocked_a, blocked_x
+
+        sets = make_input_sets(make, nbytes)
+        fns = {"ours": lambda a, x, sa, sx: ck.gemv_nvfp4(a, x, sa, sx, scale_layout="blocked")}
+        device = bench_many(fns, sets, rounds=ROUNDS, device_only=True)["ours"]
+        called = bench_many(fns, sets, rounds=ROUNDS)["ours"]
+        host = host_us(fns, *sets[0], calls=500)["ours"]
+        floor_ms = nbytes / copy_gbps / 1e6
+        results.add("quant", "gemv_nvfp4", (m, k, batch), "nvfp4", "GBps", gbps(nbytes, device), {},
+                    floor_fraction=round(floor_ms / device, 3), gpu_us=round(device * 1e3, 1),
+                    call_GBps=round(gbps(nbytes, called), 1), host_us=round(host, 1))
+
+
+def nvfp4_dual_gemm_rows(results, shapes):
+    """``nvfp4_dual_gemm`` at the public nvfp4_dual_gemm problem's shapes (m, n, k), TFLOP/s of
+    both products, against dequantizing in torch and two cuBLAS bf16 GEMMs (the problem's
+    torch baseline)."""
+    from cute_kernels.quant.formats import nvfp4_dequantize_ref
+
+    def torch_baseline(a, b1, b2, sa, s1, s2):
+        da = nvfp4_dequantize_ref(a, sa, 1.0).to(torch.bfloat16)
+        first = torch.matmul(da, nvfp4_dequantize_ref(b1, s1, 1.0).to(torch.bfloat16).t()).float()
+        second = torch.matmul(da, nvfp4_dequantize_ref(b2, s2, 1.0).to(torch.bfloat16).t()).float()
+        return (torch.nn.functional.silu(first) * second).to(torch.float16)
+
+    for m, n, k in shapes:
+        def make():
+            (a, sa), (b1, s1), (b2, s2) = _nvfp4_weight(m, k), _nvfp4_weight(n, k), _nvfp4_weight(n, k)
+            return a, b1, b2, sa, s1, s2
+
+        sets = make_input_sets(make, (m + 2 * n) * k // 2)
+        fns = {"ours": ck.nvfp4_dual_gemm, "torch": torch_baseline}
+        ms = bench_many(fns, sets, rounds=3)
+        rates = {key: tflops(4 * m * n * k, v) for key, v in ms.items()}
+        results.add("quant", "nvfp4_dual_gemm", (m, n, k), "nvfp4", "TFLOPs", rates.pop("ours"), rates)
+
+
+NVFP4_GEMV_SHAPES = [(7168, 16384, 1), (4096, 7168, 8), (7168, 2048, 4)]
+NVFP4_DUAL_GEMM_SHAPES = [(256, 4096, 7168), (512, 3072, 7168)]
 W4A16_SHAPES = [(1, 8192, 8192), (16, 8192, 8192), (64, 8192, 8192), (1, 14336, 4096),
                 (16, 28672, 4096), (16, 4096, 14336), (4096, 8192, 8192)]
 NVFP4_GEMM_SHAPES = [(1, 7168, 16384), (128, 7168, 16384), (128, 4096, 7168), (128, 7168, 2048),
@@ -209,6 +279,9 @@ def main():
     nvfp4_quantize_rows(results, [(8192, 4096)] if args.quick else [(8192, 4096), (16384, 8192), (16, 7168)])
     w4a16_rows(results, W4A16_SHAPES[:2] if args.quick else W4A16_SHAPES)
     nvfp4_gemm_rows(results, NVFP4_GEMM_SHAPES[:1] if args.quick else NVFP4_GEMM_SHAPES)
+    nvfp4_gemv_rows(results, NVFP4_GEMV_SHAPES[:1] if args.quick else NVFP4_GEMV_SHAPES,
+                    results.data["ceilings"]["copy_GBps"])
+    nvfp4_dual_gemm_rows(results, NVFP4_DUAL_GEMM_SHAPES[:1] if args.quick else NVFP4_DUAL_GEMM_SHAPES)
     if args.nvfp4:
         results.save()
         return

@@ -38,8 +38,20 @@ def make_input_sets(make: Callable[[], tuple], bytes_per_set: int, min_sets: int
     return [make() for _ in range(min(count, 64))]
 
 
-def bench(fn: Callable, input_sets: Sequence[tuple], warmup: int = 5, reps: int = 30) -> float:
-    """Median milliseconds of ``fn(*inputs)`` over ``reps`` calls, rotating the input sets."""
+# GPU cycles of the wait queued ahead of each timed call by ``bench(..., device_only=True)``
+# (~120 us at 1.7 GHz: longer than any call's host time measured on the device's hosts).
+HIDE_HOST_CYCLES = 200_000
+
+
+def bench(fn: Callable, input_sets: Sequence[tuple], warmup: int = 5, reps: int = 30,
+          device_only: bool = False) -> float:
+    """Median milliseconds of ``fn(*inputs)`` over ``reps`` calls, rotating the input sets.
+
+    A call shorter than its own host time finds the GPU idle, so its reading is host time plus
+    GPU time. ``device_only`` queues a GPU wait (``torch.cuda._sleep``) ahead of each timed
+    call, so that the call's host work happens while the GPU is busy and the reading is its GPU
+    time alone -- what the contest harness and ``triton.testing.do_bench`` measure (their L2
+    flush plays the wait's part); report the host time beside it (``host_us``)."""
     for i in range(warmup):
         fn(*input_sets[i % len(input_sets)])
     torch.cuda.synchronize()
@@ -47,6 +59,8 @@ def bench(fn: Callable, input_sets: Sequence[tuple], warmup: int = 5, reps: int 
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     for i in range(reps):
         inputs = input_sets[i % len(input_sets)]
+        if device_only:
+            torch.cuda._sleep(HIDE_HOST_CYCLES)
         starts[i].record()
         fn(*inputs)
         ends[i].record()
@@ -72,7 +86,8 @@ def kernel_profile(fn: Callable, args: tuple, calls: int = 1, rows: int = 12) ->
         print(f"{us:10.1f} us/call  x{counts[name] // calls:<4} {name}")
 
 
-def bench_many(fns: dict, input_sets: Sequence[tuple], rounds: int = 3, reps: int = 20) -> dict:
+def bench_many(fns: dict, input_sets: Sequence[tuple], rounds: int = 3, reps: int = 20,
+               device_only: bool = False) -> dict:
     """Median milliseconds of each candidate, measured in interleaved rounds whose order rotates
     (a, b, c, then b, c, a, ...) so clock and thermal drift fall on all of them alike and none is
     always the first after a cool-down; each round's median, then the median over rounds."""
@@ -80,7 +95,8 @@ def bench_many(fns: dict, input_sets: Sequence[tuple], rounds: int = 3, reps: in
     names = list(fns)
     for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            per_round[name].append(bench(fns[name], input_sets, warmup=3, reps=reps))
+            per_round[name].append(bench(fns[name], input_sets, warmup=3, reps=reps,
+                                         device_only=device_only))
     return {name: statistics.median(times) for name, times in per_round.items()}
 
 

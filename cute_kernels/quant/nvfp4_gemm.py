@@ -64,7 +64,8 @@ def skinny_plan(m: int, n: int, k: int, batch: int, x_format: str, out_dtype: st
         warps = 8
         slabs = 2 if tiles <= 4 and -(-n // 256) * batch * 4 >= 3 * sms else 1
         words = (4 * 32 * 2 + 32 * 2) * slabs * warps + x_words
-        stages = max(s for s in (2, 4, 8) if s == 2 or 4 * s * words <= SKINNY_SMEM)
+        decoded = SkinnyConfig(tiles, slabs, warps, 2, False, x_format).decoded_x_words
+        stages = max(s for s in (2, 4, 8) if s == 2 or 4 * (s * words + decoded) <= SKINNY_SMEM)
         blocks = -(-n // (16 * slabs * warps)) * batch
         splits = 1 if slabs == 2 else max(1, min(sms // blocks, steps // 4))
     return SkinnyConfig(tiles, slabs, warps, stages, splits > 1, x_format, out_dtype), splits

@@ -33,7 +33,10 @@ Design:
     still uses) takes four ALU operations. One ``mul.bf16x2`` by the block scale times 2^118
     (fp16: 2^7) then gives code * scale * 2^-8 (2^-7), exact; the epilogue multiplies by 2^8
     (2^7) and alpha. A pair (c_i, c_(i+4)) is one 32-bit A register; x's matching pair (x_i,
-    x_(i+4)) is one byte permute of its natural words, or the same decode when x is NVFP4.
+    x_(i+4)) is one byte permute of its natural words. NVFP4 x takes the same decode, once per
+    CTA: each thread decodes the pieces of x it copied (after its own cp.async wait, before the
+    step's barrier) into one of two shared buffers, in the order the MMA lanes read them (one
+    16-byte load per word), instead of every lane of every warp decoding its own copy.
   - One range of K (``splits`` = 1): each lane writes its outputs. Several: each CTA adds its
     fp32 partial sums into a workspace (``red.global.add``) and counts itself in its row
     block's counter; the last CTA of the block reads the sums, writes the output, and leaves
@@ -50,8 +53,8 @@ Constraints:
   - M <= 8 * token_tiles (the launch's rows of x), K a multiple of 32, every row of w and x on
     16 bytes, scale words on 4 bytes; N, M, K, L and ``splits`` dynamic; tails in N and M
     masked
-  - bf16 x runs bf16 MMAs; fp16 and NVFP4 x fp16 MMAs (an e2m1 value times an e4m3 scale
-    fits fp16 exactly); fp32 accumulation
+  - bf16 and NVFP4 x run bf16 MMAs, fp16 x fp16 MMAs (an e2m1 value times an e4m3 scale fits
+    either exactly; bf16's decode is the cheaper one); fp32 accumulation
   - one launch at a time per workspace (the caller keeps one per stream)
 """
 
@@ -85,16 +88,23 @@ class SkinnyConfig:
 
     @property
     def half(self) -> bool:
-        """fp16 MMAs (x fp16 or NVFP4: the decoded values fit fp16 exactly), else bf16."""
-        return self.x_format in ("float16", "nvfp4")
+        """fp16 MMAs for fp16 x, else bf16 (NVFP4 x included: its decoded values fit bf16
+        exactly, and bf16's decode is the cheaper one)."""
+        return self.x_format == "float16"
 
     @property
     def exponent(self) -> int:
         """log2 of the factor the decoded values lack (each decoded operand carries 2^-8 in
-        bf16, 2^-7 in fp16)."""
+        bf16, 2^-7 in fp16; NVFP4 x is decoded too)."""
         if self.x_format == "nvfp4":
-            return 14
+            return 16
         return 7 if self.half else 8
+
+    @property
+    def decoded_x_words(self) -> int:
+        """int32 words of shared memory holding NVFP4 x decoded (two buffers of a step's
+        rows), else 0."""
+        return 2 * 16 * 32 * self.token_tiles if self.x_format == "nvfp4" else 0
 
 
 def _shift(reg: str, src: str, amount: int) -> str:
@@ -250,8 +260,9 @@ class SkinnyGemmNvfp4Sm90:
         self.xs_words = 32 * config.token_tiles if self.x_fp4 else 0
 
     def smem_bytes(self) -> int:
-        """Shared memory of one CTA: the ring."""
-        return 4 * self.config.stages * (self.w_words + self.ws_words + self.x_words + self.xs_words)
+        """Shared memory of one CTA: the ring, and NVFP4 x's decoded buffers."""
+        return 4 * (self.config.stages * (self.w_words + self.ws_words + self.x_words + self.xs_words)
+                    + self.config.decoded_x_words)
 
     @cute.jit
     def __call__(self, mW: cute.Tensor, mSW: cute.Tensor, mX: cute.Tensor, mSX, mOut: cute.Tensor,
@@ -286,9 +297,11 @@ class SkinnyGemmNvfp4Sm90:
         sWS = smem.allocate_tensor(Int32, cute.make_layout((32, 2, cfg.slabs, warps, stages)), 16)
         x_width = const_expr(4 if self.x_fp4 else 16)
         sX = smem.allocate_tensor(Int32, cute.make_layout((4, 32, x_width // 4, cfg.token_tiles, stages)), 16)
-        sXS = None
+        sXS = sXD = None
         if const_expr(self.x_fp4):
             sXS = smem.allocate_tensor(Int32, cute.make_layout((32, cfg.token_tiles, stages)), 16)
+            # decoded x, (pair, lane, word, tile, buffer): a lane's 4 pairs of a word in 16 bytes
+            sXD = smem.allocate_tensor(Int32, cute.make_layout((4, 32, 4, cfg.token_tiles, 2)), 16)
         last = smem.allocate_tensor(Int32, cute.make_layout(1), 4)  # split: the block's last CTA
 
         # Two accumulators per slab and tile (even and odd k-blocks): two chains of MMAs.
@@ -300,14 +313,18 @@ class SkinnyGemmNvfp4Sm90:
             if p < count:
                 self.issue(plan, first + p, p, k_chunks)
             cute.arch.cp_async_commit_group()
+        if const_expr(self.x_fp4):
+            self.clear_absent_x(plan, sXD)
         for s in cutlass.range(count):
             cute.arch.cp_async_wait_group(stages - 2)
+            if const_expr(self.x_fp4):
+                self.decode_x(plan, sX, sXS, sXD, s % stages, s % 2)
             cute.arch.barrier()
             ahead = s + stages - 1
             if ahead < count:
                 self.issue(plan, first + ahead, ahead % stages, k_chunks)
             cute.arch.cp_async_commit_group()
-            self.step(acc, plan, sW, sWS, sX, sXS, s % stages, warp, lane)
+            self.step(acc, plan, sW, sWS, sX, sXD, s % stages, s % 2, warp, lane)
         cute.arch.cp_async_wait_group(0)
         for v in cutlass.range_constexpr(cute.size(acc) // 2):
             acc[v] = acc[v] + acc[v + cute.size(acc) // 2]
@@ -334,7 +351,8 @@ class SkinnyGemmNvfp4Sm90:
                 ws_src.append(_global(mSW, (l, pair - pair % 2)))
                 ws_dst.append(_shared(sWS, (lane, h, j, warp, 0)))
                 w_shift.append((pair % 2) * 16)
-        x_src, x_dst, x_in, x_ok, x_group, xs_src, xs_dst, x_shift = [], [], [], [], [], [], [], []
+        x_src, x_dst, x_in, x_ok, x_group, xs_src, xs_dst = [], [], [], [], [], [], []
+        x_lane, x_tile, x_shift = [], [], []  # NVFP4 x: where each piece sits, its scale's half
         threads = const_expr(32 * cfg.warps)
         if const_expr(self.x_fp4):
             pieces = const_expr(8 * cfg.token_tiles * 4)  # (token, t): 16 bytes and a scale word
@@ -351,8 +369,9 @@ class SkinnyGemmNvfp4Sm90:
                 pair = scale_index(src_token, tt, x_coefficients)
                 xs_src.append(_global(mSX, (l, pair - pair % 2)))
                 xs_dst.append(_shared(sXS, ((token % 8) * 4 + tt, token // 8, 0)))
-            for i in cutlass.range_constexpr(cfg.token_tiles):
-                x_shift.append((scale_index(8 * i + g, t, x_coefficients) % 2) * 16)
+                x_lane.append((token % 8) * 4 + tt)
+                x_tile.append(token // 8)
+                x_shift.append((pair % 2) * 16)
         else:
             pieces = const_expr(8 * cfg.token_tiles * 16)  # (token, 8-value group)
             for base in cutlass.range_constexpr(0, pieces, threads):
@@ -365,7 +384,36 @@ class SkinnyGemmNvfp4Sm90:
                 x_ok.append(ok)
                 x_group.append(group // 4)
         return (w_src, w_dst, ws_src, ws_dst, w_shift, x_src, x_dst, x_in, x_ok, x_group, xs_src,
-                xs_dst, x_shift, lane % 4, w_coefficients[3], x_coefficients[3])
+                xs_dst, (x_lane, x_tile, x_shift), lane % 4, w_coefficients[3], x_coefficients[3])
+
+    @cute.jit
+    def decode_x(self, plan, sX, sXS, sXD, stage, buf):
+        """NVFP4 x: each thread decodes the pieces of ring stage ``stage`` it copied itself
+        (after its own cp.async wait, before the step's barrier) into decoded buffer ``buf``,
+        in the order the MMA lanes read them -- once per CTA instead of once per warp."""
+        half = const_expr(self.config.half)
+        x_in, x_ok = plan[7], plan[8]
+        x_lane, x_tile, x_shift = plan[12]
+        for e in cutlass.range_constexpr(len(x_in)):
+            if x_in[e] and x_ok[e]:
+                x0, x1 = scale_pairs(sXS[x_lane[e], x_tile[e], stage], x_shift[e], half)
+                for q in cutlass.range_constexpr(4):
+                    d = decode_word(sX[q, x_lane[e], 0, x_tile[e], stage], x0 if q < 2 else x1, half)
+                    for p in cutlass.range_constexpr(4):
+                        sXD[p, x_lane[e], q, x_tile[e], buf] = d[p]
+
+    @cute.jit
+    def clear_absent_x(self, plan, sXD):
+        """Zeros, once, in both decoded buffers for the tile rows past x's last row (never
+        decoded)."""
+        x_in, x_ok = plan[7], plan[8]
+        x_lane, x_tile, _ = plan[12]
+        for e in cutlass.range_constexpr(len(x_in)):
+            if x_in[e] and not x_ok[e]:
+                for b in cutlass.range_constexpr(2):
+                    for q in cutlass.range_constexpr(4):
+                        for p in cutlass.range_constexpr(4):
+                            sXD[p, x_lane[e], q, x_tile[e], b] = Int32(0)
 
     @cute.jit
     def issue(self, plan, step, stage, k_chunks):
@@ -392,13 +440,14 @@ class SkinnyGemmNvfp4Sm90:
                     copy_async(xs_dst[e] + stage * xs_stage, xs_src[e] + step64 * (4 * x_d), 4, ok)
 
     @cute.jit
-    def step(self, acc, plan, sW, sWS, sX, sXS, stage, warp, lane):
-        """The MMAs of one step from ring stage ``stage``: word q of the lane's 32 codes (block
-        q / 2) is two k-blocks, for every slab and token tile."""
+    def step(self, acc, plan, sW, sWS, sX, sXD, stage, buf, warp, lane):
+        """The MMAs of one step from ring stage ``stage`` (NVFP4 x: decoded buffer ``buf``):
+        word q of the lane's 32 codes (block q / 2) is two k-blocks, for every slab and token
+        tile."""
         cfg = self.config
         half = const_expr(cfg.half)
         slabs, tiles = const_expr(cfg.slabs), const_expr(cfg.token_tiles)
-        w_shift, x_shift = plan[4], plan[12]
+        w_shift = plan[4]
         words = cute.make_rmem_tensor((4, 2, slabs), Int32)
         pairs = cute.make_rmem_tensor((2, 2, slabs), Int32)  # block, row half, slab
         for j in cutlass.range_constexpr(slabs):
@@ -411,10 +460,7 @@ class SkinnyGemmNvfp4Sm90:
             xf = cute.make_rmem_tensor((4, tiles), Int32)
             for i in cutlass.range_constexpr(tiles):
                 if const_expr(self.x_fp4):
-                    x0, x1 = scale_pairs(sXS[lane, i, stage], x_shift[i], half)
-                    d = decode_word(sX[q, lane, 0, i, stage], x0 if q < 2 else x1, half)
-                    for p in cutlass.range_constexpr(4):
-                        xf[p, i] = d[p]
+                    cute.autovec_copy(sXD[None, lane, q, i, buf], xf[None, i])
                 else:
                     natural = cute.make_rmem_tensor((4,), Int32)
                     cute.autovec_copy(sX[None, lane, q, i, stage], natural)
