@@ -45,7 +45,11 @@ def skinny_plan(m: int, n: int, k: int, batch: int, x_format: str, out_dtype: st
     rows (measured on an H200 and an H100, ``benchmarks/NOTES.md``):
       - 8-token MMA tiles for the rows of x (1, 2, 4 or 8 tiles);
       - one row of x: CTAs of 4 warps (64 weight rows, a 4-stage ring), K cut until there are
-        about six CTAs per SM -- small CTAs hide the latency best when x costs nothing;
+        about six CTAs per SM -- small CTAs hide the latency best when x costs nothing; NVFP4 x
+        with 8 to 16 steps per range of K: two stages of two steps each (one barrier per 256
+        values, a row's 128 bytes copied at once; same shared memory): H100, nvfp4_gemv shapes,
+        (7168, 16384, 1) 33.0 vs 35.4 us, (7168, 2048, 4) 20.9 vs 23.2; at 28 steps (4096,
+        7168, 8) 64.2 vs 61.8, at 5 steps (1000, 4224, 2) 10.9 vs 10.4;
       - more rows: 8 warps (x shared by 128 or 256 weight rows), two 16-row slabs per warp where
         that still leaves 3/4 of the SMs a CTA (then K is not cut), else one slab and K cut into
         as many ranges as keep the CTAs within one per SM: these CTAs are bound by their own
@@ -56,10 +60,13 @@ def skinny_plan(m: int, n: int, k: int, batch: int, x_format: str, out_dtype: st
     tiles = 1 << max(0, (-(-m // 8) - 1).bit_length())
     steps = -(-k // 128)
     x_words = (4 * 32 + 32) * tiles if x_format == "nvfp4" else 16 * 32 * tiles
+    substeps = 1
     if tiles == 1:
         warps, slabs, stages = 4, 1, 4
         blocks = -(-n // 64) * batch
         splits = max(1, min(-(-6 * sms // blocks), steps // 4))
+        if x_format == "nvfp4" and 8 <= -(-steps // splits) <= 16:
+            stages, substeps = 2, 2
     else:
         warps = 8
         slabs = 2 if tiles <= 4 and -(-n // 256) * batch * 4 >= 3 * sms else 1
@@ -68,7 +75,7 @@ def skinny_plan(m: int, n: int, k: int, batch: int, x_format: str, out_dtype: st
         stages = max(s for s in (2, 4, 8) if s == 2 or 4 * (s * words + decoded) <= SKINNY_SMEM)
         blocks = -(-n // (16 * slabs * warps)) * batch
         splits = 1 if slabs == 2 else max(1, min(sms // blocks, steps // 4))
-    return SkinnyConfig(tiles, slabs, warps, stages, splits > 1, x_format, out_dtype), splits
+    return SkinnyConfig(tiles, slabs, warps, stages, splits > 1, x_format, out_dtype, substeps), splits
 
 
 _SCALES = TensorSpec.rowmajor("int16", (Sym(), Sym()), 1, align=2)
