@@ -237,7 +237,9 @@ def _product_id(case):
         return f"dequantize-{config}"
     if kernel.__name__ == "W4A16GemmSm90":
         return f"w4a16-{config.tile_m}x{config.tile_n}-cta{config.ctas_per_sm}-bias{int(config.epilogue.bias)}"
-    return f"skinny-t{config.token_tiles}-s{config.slabs}-w{config.warps}-{config.x_format}-{config.out_dtype}"
+    stream = f"-stream{config.x_rows}" if config.prefetch else ""
+    return (f"skinny-t{config.token_tiles}-s{config.slabs}-w{config.warps}-{config.x_format}-"
+            f"{config.out_dtype}{stream}-sub{config.substeps}")
 
 
 @pytest.mark.parametrize("case", NVFP4_PRODUCTS, ids=[_product_id(c) for c in NVFP4_PRODUCTS])
@@ -266,7 +268,14 @@ def test_nvfp4_product_kernels_decode_in_registers_without_spills(case):
         assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{config.tile_n}k16\.f32\.bf16\.bf16 "
                          r"\{[^}]*\}, \{%r", ptx), "register-sourced wgmma"
     else:
-        assert "cp.async.cg.shared.global" in ptx, "a ring of 16-byte cp.async copies feeds the MMAs"
         kind = "f16.f16" if config.half else "bf16.bf16"
         expected = 8 * config.slabs * config.token_tiles  # 4 words x 2 k-blocks per slab and tile
+        if config.prefetch:
+            # streaming: 16-byte loads straight to registers, the step loop unrolled by the
+            # prefetch distance, no ring
+            assert "ld.global.nc.L1::no_allocate.v4.b32" in ptx and "cp.async" not in ptx
+            expected *= config.prefetch
+        else:
+            assert "cp.async.cg.shared.global" in ptx, "a ring of 16-byte cp.async copies feeds the MMAs"
+            expected *= config.substeps  # a stage's steps unrolled
         assert ptx.count(f"mma.sync.aligned.m16n8k16.row.col.f32.{kind}.f32") == expected

@@ -67,6 +67,7 @@ def test_nvfp4_products_check_devices_before_any_kernel():
 W4A16_SHAPES = [  # (M, N, K): skinny (M <= 64, K % 32 == 0) and decoded paths, tails
     (1, 4096, 4096), (1, 100, 96), (3, 257, 160), (16, 1000, 1024), (17, 128, 32),
     (33, 320, 512), (64, 2048, 256), (65, 300, 128), (200, 1024, 512), (8, 64, 48), (40, 96, 16),
+    (1, 1000, 4064), (2, 300, 2080),  # two steps per ring stage, an odd count per range of K, a K tail
 ]
 
 
@@ -203,6 +204,7 @@ def check_close(out, expected, rtol=1e-3, atol=1e-3):
 W4A4_SHAPES = [  # (L, M, N, K): skinny on either side, decoded, tails, batches
     (None, 1, 512, 256), (None, 7, 300, 1024), (None, 64, 128, 64), (None, 300, 5, 512),
     (3, 16, 256, 128), (2, 128, 96, 256), (None, 130, 200, 96), (2, 33, 1, 4096),
+    (8, 1, 6400, 1120),  # two steps per ring stage, 9 steps per CTA (the last a K tail)
 ]
 
 
@@ -337,10 +339,18 @@ def test_skinny_plan_heuristic():
         return skinny_plan(m, n, k, 1, x_format, "float16" if x_format == "nvfp4" else x_format, 132)
 
     assert [plan(m, 8192)[0].token_tiles for m in (1, 8, 9, 16, 17, 24, 33, 64)] == [1, 1, 2, 2, 4, 4, 8, 8]
-    # one row of x: small CTAs, K cut to ~6 CTAs per SM; never below 4 steps of 128 values
+    # up to 4 rows of x: streaming, K cut to ~3 CTAs per SM (or ranges of at most 16 steps
+    # where row blocks are plenty); never below 4 steps of 128 values, never past x's staging
     cfg, splits = plan(1, 8192)
-    assert (cfg.warps, cfg.slabs, splits) == (4, 1, 7) and cfg.split
+    assert cfg.prefetch and (cfg.warps, cfg.slabs, cfg.x_rows, splits) == (4, 1, 1, 3) and cfg.split
     assert plan(1, 4096, 1024)[1] == 2 and plan(1, 4096, 256)[1] == 1
+    assert plan(1, 65536, 4096)[1] == 2 and plan(3, 8192)[0].x_rows == 4
+    for m, n, k in ((1, 128, 65536), (4, 64, 1 << 20), (2, 300000, 8192)):
+        cfg, splits = plan(m, n, k)
+        assert cfg.prefetch and -(-k // 128 // splits) <= cfg.x_steps and cfg.x_rows >= m
+    # 5 to 8 rows: the ring, one token tile, small CTAs, K cut to ~6 CTAs per SM
+    cfg, splits = plan(8, 8192)
+    assert not cfg.prefetch and (cfg.token_tiles, cfg.warps, cfg.slabs, splits) == (1, 4, 1, 3)
     # more rows: 8 warps; K cut into ranges while the CTAs stay within one per SM, or two slabs
     # and no cut
     cfg, splits = plan(16, 8192)

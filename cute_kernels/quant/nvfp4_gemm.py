@@ -37,6 +37,12 @@ DEQUANT_OUT_NAMES = ("bfloat16", "float16", "float32")
 
 
 SKINNY_SMEM = 110 * 1024  # two CTAs of 8 warps per SM
+# Up to this many rows of x the skinny kernel streams the weight through registers
+# (``SkinnyConfig.prefetch`` steps ahead) with x staged once per CTA for at most
+# STREAM_X_STEPS steps of 128 values.
+STREAM_MAX_M = 4
+STREAM_PREFETCH = 4
+STREAM_X_STEPS = 32
 
 
 def skinny_plan(m: int, n: int, k: int, batch: int, x_format: str, out_dtype: str,
@@ -44,12 +50,19 @@ def skinny_plan(m: int, n: int, k: int, batch: int, x_format: str, out_dtype: st
     """(configuration, splits) of the skinny kernel for ``m`` rows of x against ``n`` weight
     rows (measured on an H200 and an H100, ``benchmarks/NOTES.md``):
       - 8-token MMA tiles for the rows of x (1, 2, 4 or 8 tiles);
-      - one row of x: CTAs of 4 warps (64 weight rows, a 4-stage ring), K cut until there are
-        about six CTAs per SM -- small CTAs hide the latency best when x costs nothing; NVFP4 x
-        with 8 to 16 steps per range of K: two stages of two steps each (one barrier per 256
-        values, a row's 128 bytes copied at once; same shared memory): H100, nvfp4_gemv shapes,
-        (7168, 16384, 1) 33.0 vs 35.4 us, (7168, 2048, 4) 20.9 vs 23.2; at 28 steps (4096,
-        7168, 8) 64.2 vs 61.8, at 5 steps (1000, 4224, 2) 10.9 vs 10.4;
+      - up to ``STREAM_MAX_M`` rows of x: streaming (CTAs of 4 warps, 64 weight rows; each lane
+        loads its codes 4 steps ahead into registers; x staged once per CTA), K cut into about
+        three CTAs per SM where row blocks are fewer than that, else into ranges of at most
+        16 steps (H100, same run, streaming / ring: nvfp4_gemv (7168, 16384, 1) 33.4 / 40.0
+        us, (4096, 7168, 8) 60.7 / 69.9, (7168, 2048, 4) 18.2 / 24.4; bf16 x 1 x 8192^2
+        22.5 / 24.9, 1 x 4096 x 14336 20.4 / 23.0, 3 x 4096 x 4064 17.4 / 18.5);
+      - 5 to 8 rows of x (one token tile, the ring): CTAs of 4 warps (64 weight rows, a
+        4-stage ring), K cut until there are about six CTAs per SM; two stages of two steps
+        each (one barrier per 256 values, a row's 128 bytes copied at once) for NVFP4 x with 8
+        to 16 steps per range of K, and for bf16 x with half the ranges (measured with one row
+        of x, before streaming took it: nvfp4_gemv (7168, 16384, 1) 33.0 vs 35.4 us, (7168,
+        2048, 4) 20.9 vs 23.2, but (4096, 7168, 8) 64.2 vs 61.8; bf16 1 x 4096 x 14336 22.9 vs
+        24.7, 1 x 8192^2 25.3 vs 27.5);
       - more rows: 8 warps (x shared by 128 or 256 weight rows), two 16-row slabs per warp where
         that still leaves 3/4 of the SMs a CTA (then K is not cut), else one slab and K cut into
         as many ranges as keep the CTAs within one per SM: these CTAs are bound by their own
@@ -61,12 +74,25 @@ def skinny_plan(m: int, n: int, k: int, batch: int, x_format: str, out_dtype: st
     steps = -(-k // 128)
     x_words = (4 * 32 + 32) * tiles if x_format == "nvfp4" else 16 * 32 * tiles
     substeps = 1
+    if m <= STREAM_MAX_M:
+        # Streaming: the weight into registers STREAM_PREFETCH steps ahead, no barrier.
+        blocks = -(-n // 64) * batch
+        if blocks < 3 * sms:
+            splits = max(1, min(round(3 * sms / blocks), steps // 4))
+        else:
+            splits = -(-steps // 16)
+        splits = max(splits, -(-steps // STREAM_X_STEPS))
+        x_rows = 1 << max(0, (m - 1).bit_length())
+        return SkinnyConfig(1, 1, 4, 2, splits > 1, x_format, out_dtype, 1, STREAM_PREFETCH,
+                            STREAM_X_STEPS, x_rows), splits
     if tiles == 1:
         warps, slabs, stages = 4, 1, 4
         blocks = -(-n // 64) * batch
         splits = max(1, min(-(-6 * sms // blocks), steps // 4))
         if x_format == "nvfp4" and 8 <= -(-steps // splits) <= 16:
             stages, substeps = 2, 2
+        elif x_format == "bfloat16" and steps >= 16:
+            stages, substeps, splits = 2, 2, max(1, splits // 2)
     else:
         warps = 8
         slabs = 2 if tiles <= 4 and -(-n // 256) * batch * 4 >= 3 * sms else 1
@@ -86,7 +112,7 @@ def _skinny_specs(cfg: SkinnyConfig) -> tuple:
     codes = TensorSpec.rowmajor("uint8", (Sym(), Sym(), Sym()), 16, align=16)
     x = codes if cfg.x_format == "nvfp4" else TensorSpec.rowmajor(cfg.x_format, (Sym(), Sym(), Sym()),
                                                                    8, align=16)
-    scales = TensorSpec.rowmajor("int16", (Sym(), Sym()), 2, align=4)
+    scales = TensorSpec.rowmajor("int16", (Sym(), Sym()), 1, align=4)  # batches of any pair count
     width = torch.finfo(getattr(torch, cfg.out_dtype)).bits // 8
     out = TensorSpec(cfg.out_dtype, (Sym(), Sym(), Sym()), (Sym(), Sym(), Sym()), width)
     return (codes, scales, x, scales if cfg.x_format == "nvfp4" else None, out,
@@ -214,11 +240,11 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 
 def _scale_words(scales: torch.Tensor, layout: str, k: int) -> tuple:
     """uint8 scales with a leading batch dim -> (int16 pairs (L, span), the four coefficients
-    of ``nvfp4_skinny_sm90.scale_index``); rows and batches on 4 bytes (the kernels copy the
-    4-byte words that hold the pairs)."""
-    if scales.stride(-1) != 1 or any(s % 4 for s in scales.stride()[:-1]) or scales.data_ptr() % 4:
+    of ``nvfp4_skinny_sm90.scale_index``); rows and batches on 2 bytes, the start on 4 (the
+    kernels read the 4-byte words that hold the pairs, ``scale_word``)."""
+    if scales.stride(-1) != 1 or any(s % 2 for s in scales.stride()[:-1]) or scales.data_ptr() % 4:
         scales = scales.contiguous()
-        if scales.stride(-1) != 1 or any(s % 4 for s in scales.stride()[:-1]) or scales.data_ptr() % 4:
+        if scales.stride(-1) != 1 or any(s % 2 for s in scales.stride()[:-1]) or scales.data_ptr() % 4:
             padded = torch.zeros((*scales.shape[:-1], -(-scales.shape[-1] // 2) * 2),
                                  dtype=scales.dtype, device=scales.device)
             padded[..., :scales.shape[-1]] = scales
@@ -885,7 +911,7 @@ def compile_configurations(quick: bool = False):
     found, seen = [], set()
     outs = {"bfloat16": ("bfloat16",), "float16": ("float16",),
             "nvfp4": ("float16", "bfloat16", "float32")}
-    for m in (1, 16, 32, 64):
+    for m in (1, 3, 8, 16, 32, 64):  # streaming (1, 3), the ring with one token tile (8), more
         for x_format, out_dtypes in outs.items():
             for out in out_dtypes:
                 for n, k in ((1024, 8192), (16384, 8192), (65536, 8192)):  # split, not, two slabs

@@ -37,6 +37,13 @@ Design:
     CTA: each thread decodes the pieces of x it copied (after its own cp.async wait, before the
     step's barrier) into one of two shared buffers, in the order the MMA lanes read them (one
     16-byte load per word), instead of every lane of every warp decoding its own copy.
+  - Streaming (``prefetch`` > 0; one token tile, one slab, up to 8 rows of x): no ring and no
+    barrier in the loop. The CTA first stages x's MMA words for its whole range of K in shared
+    memory (NVFP4 x decoded, 16-bit x permuted into pairs; one barrier), then each warp walks
+    its 16 rows alone: every lane loads its 16 bytes of codes per row and its scale words
+    straight into registers (``ld.global.nc``) ``prefetch`` steps ahead, and decodes and
+    multiplies the step it loaded ``prefetch`` steps before -- the warps drift freely instead
+    of meeting at a barrier every step.
   - One range of K (``splits`` = 1): each lane writes its outputs. Several: each CTA adds its
     fp32 partial sums into a workspace (``red.global.add``) and counts itself in its row
     block's counter; the last CTA of the block reads the sums, writes the output, and leaves
@@ -56,6 +63,8 @@ Constraints:
   - bf16 and NVFP4 x run bf16 MMAs, fp16 x fp16 MMAs (an e2m1 value times an e4m3 scale fits
     either exactly; bf16's decode is the cheaper one); fp32 accumulation
   - one launch at a time per workspace (the caller keeps one per stream)
+  - streaming: M <= ``x_rows``, at most ``x_steps`` steps of 128 values per range of K (the
+    caller's ``splits`` sees to it)
 """
 
 from __future__ import annotations
@@ -86,6 +95,12 @@ class SkinnyConfig:
     x_format: str = "bfloat16"
     out_dtype: str = "bfloat16"
     substeps: int = 1  # steps of 128 values per ring stage (one wait and barrier per stage)
+    # Streaming (one token tile, one slab): the weight loaded straight into registers
+    # ``prefetch`` steps ahead, no ring; x staged once per CTA for at most ``x_steps`` steps of
+    # at most ``x_rows`` rows. 0: the cp.async ring.
+    prefetch: int = 0
+    x_steps: int = 0
+    x_rows: int = 1
 
     @property
     def half(self) -> bool:
@@ -183,6 +198,27 @@ def copy_async(dst: Int32, src: cutlass.Int64, size: cutlass.Constexpr, valid):
 
 
 @cute.jit
+def load_v4(address: cutlass.Int64, valid):
+    """16 bytes from global memory (read-only path, no L1 allocation) as four words; zeros
+    where not ``valid`` (nothing read)."""
+    return cute.arch.inline_ptx(
+        "{ .reg .pred p; setp.ne.b32 p, {$r1}, 0;"
+        " mov.b32 {$w0}, 0; mov.b32 {$w1}, 0; mov.b32 {$w2}, 0; mov.b32 {$w3}, 0;"
+        " @p ld.global.nc.L1::no_allocate.v4.b32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}]; }",
+        write_only_types=[Int32] * 4,
+        read_only_args=[address, cutlass.select_(valid, Int32(1), Int32(0))])
+
+
+@cute.jit
+def load_b32(address: cutlass.Int64, valid) -> Int32:
+    """A word from global memory (read-only path); zero where not ``valid``."""
+    return cute.arch.inline_ptx(
+        "{ .reg .pred p; setp.ne.b32 p, {$r1}, 0; mov.b32 {$w0}, 0;"
+        " @p ld.global.nc.b32 {$w0}, [{$r0}]; }",
+        write_only_types=[Int32], read_only_args=[address, cutlass.select_(valid, Int32(1), Int32(0))])
+
+
+@cute.jit
 def red_add(address: cutlass.Int64, value: Float32):
     """``*address += value`` in global memory (fp32, relaxed, no return)."""
     cute.arch.inline_ptx("red.global.add.f32 [{$r0}], {$r1};", read_only_args=[address, value])
@@ -210,6 +246,15 @@ def scale_index(row, chunk, coefficients):
     a, b, c, d = coefficients
     return ((row // 128) * a + (row % 32) * b + ((row % 128) // 32) * c + (chunk // 2) * d
             + chunk % 2)
+
+
+@cute.jit
+def scale_word(tensor: cute.Tensor, l, pair):
+    """(global address of the 4-byte word holding scale pair ``pair`` of batch ``l``, the pair's
+    bit shift in it): the parity is counted from the tensor's start, since a batch of an odd
+    number of pairs starts mid-word."""
+    index = cute.crd2idx((l, pair), tensor.layout)
+    return cutlass.Int64((tensor.iterator + (index - index % 2)).toint()), Int32(index % 2) * 16
 
 
 @cute.jit
@@ -248,7 +293,9 @@ class SkinnyGemmNvfp4Sm90:
         if (config.x_format not in X_FORMATS or config.out_dtype not in OUT_DTYPES
                 or config.token_tiles not in (1, 2, 4, 8) or config.slabs not in (1, 2)
                 or config.warps not in (2, 4, 8) or config.stages not in (2, 3, 4, 8)
-                or config.substeps not in (1, 2)):
+                or config.substeps not in (1, 2)
+                or config.prefetch and (config.token_tiles != 1 or config.slabs != 1
+                                        or config.x_rows not in (1, 2, 4, 8) or config.x_steps < 1)):
             raise ValueError(f"unsupported configuration {config}: x_format in {X_FORMATS}, "
                              f"out_dtype in {OUT_DTYPES}, 1 / 2 / 4 / 8 token tiles, 1 / 2 "
                              f"slabs, 2 / 4 / 8 warps, 2 / 3 / 4 / 8 stages, 1 / 2 substeps")
@@ -262,7 +309,10 @@ class SkinnyGemmNvfp4Sm90:
         self.xs_words = 32 * config.token_tiles if self.x_fp4 else 0
 
     def smem_bytes(self) -> int:
-        """Shared memory of one CTA: the ring, and NVFP4 x's decoded buffers."""
+        """Shared memory of one CTA: the ring, and NVFP4 x's decoded buffers (streaming: x's
+        MMA words for the CTA's range of K)."""
+        if self.config.prefetch:
+            return 256 * self.config.x_rows * self.config.x_steps + 16
         return 4 * (self.config.stages * self.config.substeps
                     * (self.w_words + self.ws_words + self.x_words + self.xs_words)
                     + self.config.decoded_x_words)
@@ -274,10 +324,128 @@ class SkinnyGemmNvfp4Sm90:
                  xc: Int32, xd: Int32, stream):
         cfg = self.config
         rows = 16 * cfg.slabs * cfg.warps
-        self.kernel(mW, mSW, mX, mSX, mOut, mBias, mAlpha, mWork, mCount, splits,
-                    (wa, wb, wc, wd), (xa, xb, xc, xd)).launch(
+        body = self.stream_kernel if const_expr(cfg.prefetch) else self.kernel
+        body(mW, mSW, mX, mSX, mOut, mBias, mAlpha, mWork, mCount, splits,
+             (wa, wb, wc, wd), (xa, xb, xc, xd)).launch(
             grid=[cute.ceil_div(mW.shape[1], rows), splits, mW.shape[0]],
             block=[32 * cfg.warps, 1, 1], stream=stream)
+
+    @cute.kernel
+    def stream_kernel(self, mW: cute.Tensor, mSW: cute.Tensor, mX: cute.Tensor, mSX,
+                      mOut: cute.Tensor, mBias: cute.Tensor, mAlpha: cute.Tensor,
+                      mWork: cute.Tensor, mCount: cute.Tensor, splits: Int32, w_coefficients,
+                      x_coefficients):
+        """Streaming: x's MMA words for the CTA's range of K staged in shared memory once
+        (one barrier), then each warp walks its 16 rows alone, every lane loading its codes
+        and scale words ``prefetch`` steps ahead into registers."""
+        cfg = self.config
+        ahead, warps, x_rows = const_expr(cfg.prefetch), const_expr(cfg.warps), const_expr(cfg.x_rows)
+        half = const_expr(cfg.half)
+        tidx, _, _ = cute.arch.thread_idx()
+        block, split, l = cute.arch.block_idx()
+        warp, lane = tidx // 32, tidx % 32
+        g, t = lane // 4, lane % 4
+        k_chunks = mW.shape[2] // 16
+        steps = (k_chunks + 3) // 4
+        per_split = (steps + splits - 1) // splits
+        first = split * per_split
+        count = cutlass.max(cutlass.min(per_split, steps - first), 0)
+        row0 = block * (16 * warps)
+        rows, m = mW.shape[1], mX.shape[1]
+
+        smem = cutlass.memory.SmemAllocator()
+        # (pair, row of x, lane's chunk t, word q, step): lane (g, t)'s 16 bytes of word q
+        sXD = smem.allocate_tensor(Int32, cute.make_layout((4, x_rows, 4, 4, cfg.x_steps)), 16)
+        last = smem.allocate_tensor(Int32, cute.make_layout(1), 4)
+        self.stage_x(mX, mSX, sXD, l, first, count, k_chunks, m, x_coefficients, tidx)
+        cute.arch.barrier()
+
+        w_src, ws_src, w_shift = [], [], []
+        for h in cutlass.range_constexpr(2):
+            r = cutlass.min(row0 + 16 * warp + 8 * h + g, rows - 1)
+            w_src.append(_global(mW, (l, r, 16 * t)))
+            address, shift = scale_word(mSW, l, scale_index(r, t, w_coefficients))
+            ws_src.append(address)
+            w_shift.append(shift)
+        w_d = w_coefficients[3]
+        words = cute.make_rmem_tensor((4, 2, ahead), Int32)
+        scales = cute.make_rmem_tensor((2, ahead), Int32)
+        acc = cute.make_rmem_tensor((4, 1, 1, 2), Float32)
+        acc.fill(0.0)
+        for j in cutlass.range_constexpr(ahead):
+            self.load_step(words, scales, j, w_src, ws_src, w_d, first, j, count, k_chunks, t)
+        for s0 in cutlass.range(0, count, ahead):
+            for j in cutlass.range_constexpr(ahead):
+                if s0 + j < count:
+                    self.stream_step(acc, words, scales, j, sXD, s0 + j, w_shift, g, t, m, half)
+                    self.load_step(words, scales, j, w_src, ws_src, w_d, first, s0 + j + ahead,
+                                   count, k_chunks, t)
+        for v in cutlass.range_constexpr(cute.size(acc) // 2):
+            acc[v] = acc[v] + acc[v + cute.size(acc) // 2]
+        self.finish(acc, mOut, mBias, mAlpha, mWork, mCount, last, splits, l, block, row0, warp,
+                    lane, tidx)
+
+    @cute.jit
+    def stage_x(self, mX, mSX, sXD, l, first, count, k_chunks, m, x_coefficients, tidx):
+        """x's MMA words for steps first .. first + count - 1: for each (step, chunk t, row of
+        x) its 32 values as the lanes (row, t) feed them to the MMA (NVFP4: decoded; 16-bit:
+        pairs (x_i, x_(i+4)) by byte permutes); rows past x's last are never read."""
+        cfg = self.config
+        half = const_expr(cfg.half)
+        x_rows = const_expr(cfg.x_rows)
+        for piece in cutlass.range(tidx, count * 4 * x_rows, 32 * cfg.warps):
+            step, rest = piece // (4 * x_rows), piece % (4 * x_rows)
+            tt, token = rest // x_rows, rest % x_rows
+            chunk = (first + step) * 4 + tt
+            ok = token < m and chunk < k_chunks
+            src_token = cutlass.select_(token < m, token, 0)
+            src_chunk = cutlass.select_(chunk < k_chunks, chunk, 0)
+            if const_expr(self.x_fp4):
+                codes = load_v4(_global(mX, (l, src_token, 16 * src_chunk)), ok)
+                address, shift = scale_word(mSX, l, scale_index(src_token, src_chunk, x_coefficients))
+                x0, x1 = scale_pairs(load_b32(address, ok), shift, half)
+                for q in cutlass.range_constexpr(4):
+                    d = decode_word(codes[q], x0 if q < 2 else x1, half)
+                    for p in cutlass.range_constexpr(4):
+                        sXD[p, token, tt, q, step] = d[p]
+            else:
+                for q in cutlass.range_constexpr(4):
+                    n = load_v4(_global(mX, (l, src_token, 32 * src_chunk + 8 * q)), ok)
+                    sXD[0, token, tt, q, step] = interleave(n[0], n[2], False)
+                    sXD[1, token, tt, q, step] = interleave(n[0], n[2], True)
+                    sXD[2, token, tt, q, step] = interleave(n[1], n[3], False)
+                    sXD[3, token, tt, q, step] = interleave(n[1], n[3], True)
+
+    @cute.jit
+    def load_step(self, words, scales, j, w_src, ws_src, w_d, first, step, count, k_chunks, t):
+        """Register slot ``j`` <- this lane's codes (rows g, g + 8) and scale words of step
+        ``step`` of the range (zeros past the range or K's end)."""
+        valid = step < count and (first + step) * 4 + t < k_chunks
+        at = cutlass.Int64(first + step)
+        for h in cutlass.range_constexpr(2):
+            v = load_v4(w_src[h] + at * 64, valid)
+            for q in cutlass.range_constexpr(4):
+                words[q, h, j] = v[q]
+            scales[h, j] = load_b32(ws_src[h] + at * (4 * w_d), valid)
+
+    @cute.jit
+    def stream_step(self, acc, words, scales, j, sXD, step, w_shift, g, t, m, half: cutlass.Constexpr):
+        """The MMAs of one step from register slot ``j`` and x's staged words."""
+        pairs = cute.make_rmem_tensor((2, 2), Int32)  # block, row half
+        for h in cutlass.range_constexpr(2):
+            s0, s1 = scale_pairs(scales[h, j], w_shift[h], half)
+            pairs[0, h] = s0
+            pairs[1, h] = s1
+        for q in cutlass.range_constexpr(4):
+            xf = cute.make_rmem_tensor((4,), Int32)
+            xf.fill(0)
+            if g < m:
+                cute.autovec_copy(sXD[None, g, t, q, step], xf)
+            top = decode_word(words[q, 0, j], pairs[q // 2, 0], half)
+            bottom = decode_word(words[q, 1, j], pairs[q // 2, 1], half)
+            for kb in cutlass.range_constexpr(2):
+                mma_16816(acc[None, 0, 0, kb], top[2 * kb], bottom[2 * kb], top[2 * kb + 1],
+                          bottom[2 * kb + 1], xf[2 * kb], xf[2 * kb + 1], half)
 
     @cute.kernel
     def kernel(self, mW: cute.Tensor, mSW: cute.Tensor, mX: cute.Tensor, mSX, mOut: cute.Tensor,
@@ -359,10 +527,10 @@ class SkinnyGemmNvfp4Sm90:
                 r = cutlass.min(row0 + 16 * (warp * cfg.slabs + j) + 8 * h + g, rows - 1)
                 w_src.append(_global(mW, (l, r, 16 * t)))
                 w_dst.append(_shared(sW, (0, lane, h, j, warp, 0)))
-                pair = scale_index(r, t, w_coefficients)
-                ws_src.append(_global(mSW, (l, pair - pair % 2)))
+                address, shift = scale_word(mSW, l, scale_index(r, t, w_coefficients))
+                ws_src.append(address)
                 ws_dst.append(_shared(sWS, (lane, h, j, warp, 0)))
-                w_shift.append((pair % 2) * 16)
+                w_shift.append(shift)
         x_src, x_dst, x_in, x_ok, x_group, xs_src, xs_dst = [], [], [], [], [], [], []
         x_lane, x_tile, x_shift = [], [], []  # NVFP4 x: where each piece sits, its scale's half
         threads = const_expr(32 * cfg.warps)
@@ -378,12 +546,12 @@ class SkinnyGemmNvfp4Sm90:
                 x_in.append(piece < pieces)
                 x_ok.append(ok)
                 x_group.append(tt)
-                pair = scale_index(src_token, tt, x_coefficients)
-                xs_src.append(_global(mSX, (l, pair - pair % 2)))
+                address, shift = scale_word(mSX, l, scale_index(src_token, tt, x_coefficients))
+                xs_src.append(address)
                 xs_dst.append(_shared(sXS, ((token % 8) * 4 + tt, token // 8, 0)))
                 x_lane.append((token % 8) * 4 + tt)
                 x_tile.append(token // 8)
-                x_shift.append((pair % 2) * 16)
+                x_shift.append(shift)
         else:
             pieces = const_expr(8 * cfg.token_tiles * 16)  # (token, 8-value group)
             for base in cutlass.range_constexpr(0, pieces, threads):
