@@ -350,7 +350,7 @@ def test_skinny_plan_heuristic():
         assert cfg.prefetch and -(-k // 128 // splits) <= cfg.x_steps and cfg.x_rows >= m
     # 5 to 8 rows: the ring, one token tile, small CTAs, K cut to ~6 CTAs per SM
     cfg, splits = plan(8, 8192)
-    assert not cfg.prefetch and (cfg.token_tiles, cfg.warps, cfg.slabs, splits) == (1, 4, 1, 3)
+    assert not cfg.prefetch and (cfg.token_tiles, cfg.warps, cfg.slabs, splits) == (1, 4, 1, 7)
     # more rows: 8 warps; K cut into ranges while the CTAs stay within one per SM, or two slabs
     # and no cut
     cfg, splits = plan(16, 8192)

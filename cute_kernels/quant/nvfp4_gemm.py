@@ -56,13 +56,8 @@ def skinny_plan(m: int, n: int, k: int, batch: int, x_format: str, out_dtype: st
         16 steps (H100, same run, streaming / ring: nvfp4_gemv (7168, 16384, 1) 33.4 / 40.0
         us, (4096, 7168, 8) 60.7 / 69.9, (7168, 2048, 4) 18.2 / 24.4; bf16 x 1 x 8192^2
         22.5 / 24.9, 1 x 4096 x 14336 20.4 / 23.0, 3 x 4096 x 4064 17.4 / 18.5);
-      - 5 to 8 rows of x (one token tile, the ring): CTAs of 4 warps (64 weight rows, a
-        4-stage ring), K cut until there are about six CTAs per SM; two stages of two steps
-        each (one barrier per 256 values, a row's 128 bytes copied at once) for NVFP4 x with 8
-        to 16 steps per range of K, and for bf16 x with half the ranges (measured with one row
-        of x, before streaming took it: nvfp4_gemv (7168, 16384, 1) 33.0 vs 35.4 us, (7168,
-        2048, 4) 20.9 vs 23.2, but (4096, 7168, 8) 64.2 vs 61.8; bf16 1 x 4096 x 14336 22.9 vs
-        24.7, 1 x 8192^2 25.3 vs 27.5);
+      - 5 to 8 rows of x (one token tile): CTAs of 4 warps (64 weight rows, a 4-stage ring), K
+        cut until there are about six CTAs per SM;
       - more rows: 8 warps (x shared by 128 or 256 weight rows), two 16-row slabs per warp where
         that still leaves 3/4 of the SMs a CTA (then K is not cut), else one slab and K cut into
         as many ranges as keep the CTAs within one per SM: these CTAs are bound by their own
@@ -73,7 +68,6 @@ def skinny_plan(m: int, n: int, k: int, batch: int, x_format: str, out_dtype: st
     tiles = 1 << max(0, (-(-m // 8) - 1).bit_length())
     steps = -(-k // 128)
     x_words = (4 * 32 + 32) * tiles if x_format == "nvfp4" else 16 * 32 * tiles
-    substeps = 1
     if m <= STREAM_MAX_M:
         # Streaming: the weight into registers STREAM_PREFETCH steps ahead, no barrier.
         blocks = -(-n // 64) * batch
@@ -83,16 +77,12 @@ def skinny_plan(m: int, n: int, k: int, batch: int, x_format: str, out_dtype: st
             splits = -(-steps // 16)
         splits = max(splits, -(-steps // STREAM_X_STEPS))
         x_rows = 1 << max(0, (m - 1).bit_length())
-        return SkinnyConfig(1, 1, 4, 2, splits > 1, x_format, out_dtype, 1, STREAM_PREFETCH,
-                            STREAM_X_STEPS, x_rows), splits
+        return SkinnyConfig(1, 1, 4, 2, splits > 1, x_format, out_dtype, prefetch=STREAM_PREFETCH,
+                            x_steps=STREAM_X_STEPS, x_rows=x_rows), splits
     if tiles == 1:
         warps, slabs, stages = 4, 1, 4
         blocks = -(-n // 64) * batch
         splits = max(1, min(-(-6 * sms // blocks), steps // 4))
-        if x_format == "nvfp4" and 8 <= -(-steps // splits) <= 16:
-            stages, substeps = 2, 2
-        elif x_format == "bfloat16" and steps >= 16:
-            stages, substeps, splits = 2, 2, max(1, splits // 2)
     else:
         warps = 8
         slabs = 2 if tiles <= 4 and -(-n // 256) * batch * 4 >= 3 * sms else 1
@@ -101,7 +91,7 @@ def skinny_plan(m: int, n: int, k: int, batch: int, x_format: str, out_dtype: st
         stages = max(s for s in (2, 4, 8) if s == 2 or 4 * (s * words + decoded) <= SKINNY_SMEM)
         blocks = -(-n // (16 * slabs * warps)) * batch
         splits = 1 if slabs == 2 else max(1, min(sms // blocks, steps // 4))
-    return SkinnyConfig(tiles, slabs, warps, stages, splits > 1, x_format, out_dtype, substeps), splits
+    return SkinnyConfig(tiles, slabs, warps, stages, splits > 1, x_format, out_dtype), splits
 
 
 _SCALES = TensorSpec.rowmajor("int16", (Sym(), Sym()), 1, align=2)

@@ -94,7 +94,6 @@ class SkinnyConfig:
     split: bool  # K cut into ranges over CTAs (partial sums through the workspace)
     x_format: str = "bfloat16"
     out_dtype: str = "bfloat16"
-    substeps: int = 1  # steps of 128 values per ring stage (one wait and barrier per stage)
     # Streaming (one token tile, one slab): the weight loaded straight into registers
     # ``prefetch`` steps ahead, no ring; x staged once per CTA for at most ``x_steps`` steps of
     # at most ``x_rows`` rows. 0: the cp.async ring.
@@ -120,7 +119,7 @@ class SkinnyConfig:
     def decoded_x_words(self) -> int:
         """int32 words of shared memory holding NVFP4 x decoded (two buffers of a step's
         rows), else 0."""
-        return 2 * self.substeps * 16 * 32 * self.token_tiles if self.x_format == "nvfp4" else 0
+        return 2 * 16 * 32 * self.token_tiles if self.x_format == "nvfp4" else 0
 
 
 def _shift(reg: str, src: str, amount: int) -> str:
@@ -292,13 +291,12 @@ class SkinnyGemmNvfp4Sm90:
     def __init__(self, config: SkinnyConfig):
         if (config.x_format not in X_FORMATS or config.out_dtype not in OUT_DTYPES
                 or config.token_tiles not in (1, 2, 4, 8) or config.slabs not in (1, 2)
-                or config.warps not in (2, 4, 8) or config.stages not in (2, 3, 4, 8)
-                or config.substeps not in (1, 2)
+                or config.warps not in (2, 4, 8) or config.stages not in (2, 4, 8)
                 or config.prefetch and (config.token_tiles != 1 or config.slabs != 1
                                         or config.x_rows not in (1, 2, 4, 8) or config.x_steps < 1)):
             raise ValueError(f"unsupported configuration {config}: x_format in {X_FORMATS}, "
                              f"out_dtype in {OUT_DTYPES}, 1 / 2 / 4 / 8 token tiles, 1 / 2 "
-                             f"slabs, 2 / 4 / 8 warps, 2 / 3 / 4 / 8 stages, 1 / 2 substeps")
+                             f"slabs, 2 / 4 / 8 warps, 2 / 4 / 8 stages")
         self.config = config
         self.x_fp4 = config.x_format == "nvfp4"
         # int32 words per stage: weights (4 per lane, row half, slab, warp), their scale words,
@@ -313,8 +311,7 @@ class SkinnyGemmNvfp4Sm90:
         MMA words for the CTA's range of K)."""
         if self.config.prefetch:
             return 256 * self.config.x_rows * self.config.x_steps + 16
-        return 4 * (self.config.stages * self.config.substeps
-                    * (self.w_words + self.ws_words + self.x_words + self.xs_words)
+        return 4 * (self.config.stages * (self.w_words + self.ws_words + self.x_words + self.xs_words)
                     + self.config.decoded_x_words)
 
     @cute.jit
@@ -452,8 +449,7 @@ class SkinnyGemmNvfp4Sm90:
                mBias: cute.Tensor, mAlpha: cute.Tensor, mWork: cute.Tensor, mCount: cute.Tensor,
                splits: Int32, w_coefficients, x_coefficients):
         cfg = self.config
-        stages, warps, sub = const_expr(cfg.stages), const_expr(cfg.warps), const_expr(cfg.substeps)
-        slots = const_expr(cfg.stages * cfg.substeps)  # ring slots of one step each
+        stages, warps = const_expr(cfg.stages), const_expr(cfg.warps)
         tidx, _, _ = cute.arch.thread_idx()
         block, split, l = cute.arch.block_idx()
         warp, lane = tidx // 32, tidx % 32
@@ -465,15 +461,15 @@ class SkinnyGemmNvfp4Sm90:
         row0 = block * (16 * cfg.slabs * warps)
 
         smem = cutlass.memory.SmemAllocator()
-        sW = smem.allocate_tensor(Int32, cute.make_layout((4, 32, 2, cfg.slabs, warps, slots)), 16)
-        sWS = smem.allocate_tensor(Int32, cute.make_layout((32, 2, cfg.slabs, warps, slots)), 16)
+        sW = smem.allocate_tensor(Int32, cute.make_layout((4, 32, 2, cfg.slabs, warps, stages)), 16)
+        sWS = smem.allocate_tensor(Int32, cute.make_layout((32, 2, cfg.slabs, warps, stages)), 16)
         x_width = const_expr(4 if self.x_fp4 else 16)
-        sX = smem.allocate_tensor(Int32, cute.make_layout((4, 32, x_width // 4, cfg.token_tiles, slots)), 16)
+        sX = smem.allocate_tensor(Int32, cute.make_layout((4, 32, x_width // 4, cfg.token_tiles, stages)), 16)
         sXS = sXD = None
         if const_expr(self.x_fp4):
-            sXS = smem.allocate_tensor(Int32, cute.make_layout((32, cfg.token_tiles, slots)), 16)
+            sXS = smem.allocate_tensor(Int32, cute.make_layout((32, cfg.token_tiles, stages)), 16)
             # decoded x, (pair, lane, word, tile, buffer): a lane's 4 pairs of a word in 16 bytes
-            sXD = smem.allocate_tensor(Int32, cute.make_layout((4, 32, 4, cfg.token_tiles, 2 * sub)), 16)
+            sXD = smem.allocate_tensor(Int32, cute.make_layout((4, 32, 4, cfg.token_tiles, 2)), 16)
         last = smem.allocate_tensor(Int32, cute.make_layout(1), 4)  # split: the block's last CTA
 
         # Two accumulators per slab and tile (even and odd k-blocks): two chains of MMAs.
@@ -481,30 +477,22 @@ class SkinnyGemmNvfp4Sm90:
         acc.fill(0.0)
         plan = self.lane_plan(mW, mSW, mX, mSX, sW, sWS, sX, sXS, l, row0, k_chunks,
                               w_coefficients, x_coefficients, warp, lane, tidx)
-        # Ring stage g holds steps sub * g .. sub * g + sub - 1 (slots sub * (g % stages) + j).
         for p in cutlass.range_constexpr(stages - 1):
-            for j in cutlass.range_constexpr(sub):
-                if p * sub + j < count:
-                    self.issue(plan, first + p * sub + j, p * sub + j, k_chunks)
+            if p < count:
+                self.issue(plan, first + p, p, k_chunks)
             cute.arch.cp_async_commit_group()
         if const_expr(self.x_fp4):
             self.clear_absent_x(plan, sXD)
-        for g in cutlass.range((count + sub - 1) // sub):
+        for s in cutlass.range(count):
             cute.arch.cp_async_wait_group(stages - 2)
-            slot = (g % stages) * sub
             if const_expr(self.x_fp4):
-                for j in cutlass.range_constexpr(sub):
-                    if const_expr(sub == 1) or g * sub + j < count:
-                        self.decode_x(plan, sX, sXS, sXD, slot + j, (g % 2) * sub + j)
+                self.decode_x(plan, sX, sXS, sXD, s % stages, s % 2)
             cute.arch.barrier()
-            ahead = g + stages - 1
-            for j in cutlass.range_constexpr(sub):
-                if ahead * sub + j < count:
-                    self.issue(plan, first + ahead * sub + j, (ahead % stages) * sub + j, k_chunks)
+            ahead = s + stages - 1
+            if ahead < count:
+                self.issue(plan, first + ahead, ahead % stages, k_chunks)
             cute.arch.cp_async_commit_group()
-            for j in cutlass.range_constexpr(sub):
-                if const_expr(sub == 1) or g * sub + j < count:
-                    self.step(acc, plan, sW, sWS, sX, sXD, slot + j, (g % 2) * sub + j, warp, lane)
+            self.step(acc, plan, sW, sWS, sX, sXD, s % stages, s % 2, warp, lane)
         cute.arch.cp_async_wait_group(0)
         for v in cutlass.range_constexpr(cute.size(acc) // 2):
             acc[v] = acc[v] + acc[v + cute.size(acc) // 2]
@@ -590,7 +578,7 @@ class SkinnyGemmNvfp4Sm90:
         x_lane, x_tile, _ = plan[12]
         for e in cutlass.range_constexpr(len(x_in)):
             if x_in[e] and not x_ok[e]:
-                for b in cutlass.range_constexpr(2 * self.config.substeps):
+                for b in cutlass.range_constexpr(2):
                     for q in cutlass.range_constexpr(4):
                         for p in cutlass.range_constexpr(4):
                             sXD[p, x_lane[e], q, x_tile[e], b] = Int32(0)
