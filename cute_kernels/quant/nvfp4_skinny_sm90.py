@@ -296,7 +296,8 @@ class SkinnyGemmNvfp4Sm90:
                                         or config.x_rows not in (1, 2, 4, 8) or config.x_steps < 1)):
             raise ValueError(f"unsupported configuration {config}: x_format in {X_FORMATS}, "
                              f"out_dtype in {OUT_DTYPES}, 1 / 2 / 4 / 8 token tiles, 1 / 2 "
-                             f"slabs, 2 / 4 / 8 warps, 2 / 4 / 8 stages")
+                             f"slabs, 2 / 4 / 8 warps, 2 / 4 / 8 stages; streaming (prefetch > 0) "
+                             f"with one token tile, one slab, x_rows 1 / 2 / 4 / 8 and x_steps >= 1")
         self.config = config
         self.x_fp4 = config.x_format == "nvfp4"
         # int32 words per stage: weights (4 per lane, row half, slab, warp), their scale words,
