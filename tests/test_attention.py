@@ -252,7 +252,7 @@ def test_backward_matches_float64(dim, causal, sq, sk):
 
 @gpu
 @pytest.mark.parametrize("hq,hkv", [(8, 8), (8, 2), (8, 1)])
-@pytest.mark.parametrize("dim", [128, 256])
+@pytest.mark.parametrize("dim", [64, 128, 256])
 def test_backward_gqa_group_sums(hq, hkv, dim):
     check_backward(*qkv(2, 257, 257, hq, hkv, dim), causal=True)
 
@@ -260,7 +260,7 @@ def test_backward_gqa_group_sums(hq, hkv, dim):
 @gpu
 @pytest.mark.parametrize("window", [(32, 0), (64, 64), (-1, 16), (100, -1)])
 @pytest.mark.parametrize("sq,sk", [(300, 300), (257, 400), (400, 257)])
-@pytest.mark.parametrize("dim", [128, 192])
+@pytest.mark.parametrize("dim", [64, 128, 192])
 def test_backward_local_windows(window, sq, sk, dim):
     check_backward(*qkv(1, sq, sk, 2, 2, dim), window_size=window)
 
@@ -273,9 +273,17 @@ def test_backward_softcap(dim, kw):
 
 
 @gpu
+@pytest.mark.parametrize("dim", [64, 128])
+def test_backward_scores_far_from_zero_mean(dim):
+    # large scores and LSEs (the head-dim-64 kernel starts S^T's accumulator at -LSE / scale)
+    check_backward(*qkv(2, 500, 400, 2, 2, dim, scale=2.0, shift=4.0), softmax_scale=0.3, causal=True)
+
+
+@gpu
 @pytest.mark.parametrize("causal", [False, True])
 def test_backward_long_and_fp16(causal):
     check_backward(*qkv(1, 2048, 2048, 2, 1, 128), causal=causal)
+    check_backward(*qkv(1, 3000, 2500, 2, 1, 64), causal=causal)
     check_backward(*qkv(1, 1500, 1500, 2, 1, 256), causal=causal)
     check_backward(*qkv(2, 300, 257, 2, 2, 64, dtype=torch.float16), causal=causal)
     check_backward(*qkv(2, 300, 257, 2, 2, 192, dtype=torch.float16), causal=causal)
@@ -283,7 +291,7 @@ def test_backward_long_and_fp16(causal):
 
 @gpu
 @pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (40, 8)}])
-@pytest.mark.parametrize("dim", [128, 192, 256])
+@pytest.mark.parametrize("dim", [64, 128, 192, 256])
 def test_backward_varlen(kw, dim):
     lens_q, lens_k = [5, 0, 300, 128, 1, 77], [7, 3, 300, 0, 200, 77]
     cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).int()
@@ -305,7 +313,7 @@ def test_backward_varlen(kw, dim):
 @gpu
 @pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (100, 30)}])
 @pytest.mark.parametrize("sq,sk", [(1000, 1000), (300, 1100), (1100, 300)])
-@pytest.mark.parametrize("dim", [128, 192, 256])
+@pytest.mark.parametrize("dim", [64, 128, 192, 256])
 def test_backward_deterministic_is_bit_identical_and_correct(kw, sq, sk, dim):
     q, k, v = qkv(2, sq, sk, 4, 2, dim)
     dout = torch.randn_like(q)
@@ -344,7 +352,7 @@ def test_backward_varlen_deterministic_is_bit_identical(causal):
 
 
 @gpu
-@pytest.mark.parametrize("dim", [128, 256])
+@pytest.mark.parametrize("dim", [64, 128, 256])
 def test_backward_gradient_buffers_poisoned_with_nan_are_fully_written(dim):
     from cute_kernels.attention.op import flash_attn_bwd
 

@@ -13,13 +13,21 @@ Design:
     then dV += P^T dO and dK += dS^T Q with P^T and dS^T as register A operands (the forward's
     fragment views), accumulated in fp32 registers over all query blocks. The LSE and D of
     each query block arrive in shared memory with its Q and dO (TMA, same pipeline stage).
+  - 128 queries per step at head dim 64 (``tile_m``; 64 elsewhere): half the steps, barriers
+    and pipeline waits per FLOP. Its S^T and dP^T fragments (64 values each per thread) next
+    to dK and dV leave no room for 32 LSE and 32 D values per thread, so there the two
+    accumulators start at -LSE / scale and -D of their query columns instead of 0
+    (``lse_in_acc``): the GEMMs leave S^T - LSE / scale and dP^T - D behind, and P^T =
+    exp2(S'^T * scale * log2 e), dS^T = P^T dP'^T.
   - Overlap inside a warpgroup: P is computed while the dP GEMM runs, dS^T is stored while the
     dV GEMM runs, and the dQ tile is handed over while the dK GEMM runs.
   - dQ: both warpgroups store their dS^T to a double-buffered shared tile (tile_m x tile_n);
-    after one 256-thread barrier each computes half of dQ's columns (head dim 96: warpgroup 0
-    all of them) over all tile_n keys (dQ = dS K, wgmma from shared memory) into its own
-    swizzled fp32 tile, which a dedicated warp adds into the fp32 dQ accumulator in global
-    memory with a TMA bulk reduce (``cp.reduce.async.bulk.tensor ... add``).
+    after one 256-thread barrier each computes its share of dQ over all tile_n keys (dQ = dS K,
+    wgmma from shared memory) into its own swizzled fp32 tile, which a dedicated warp adds into
+    the fp32 dQ accumulator in global memory with a TMA bulk reduce
+    (``cp.reduce.async.bulk.tensor ... add``). The share: with 64 queries per step, half of
+    dQ's columns (head dim 96: warpgroup 0 all of them); with 128 (head dim 64), 64 query rows
+    over the whole head dim.
   - D comes from the preprocess kernel (``preprocess.py``); the op scales and converts the dQ
     accumulator afterwards.
   - The dS^T and dQ stores to their SW128-swizzled tiles compute addresses in closed form
@@ -38,8 +46,9 @@ Tensors arrive in torch order: Q, dO, dQ_accum (fp32) (B, Sq, Hq, D), K, V, dK, 
 Constraints:
   - bf16 or fp16 Q, K, V, dO, dK, dV; fp32 dQ_accum (zeroed by the caller), lse_log2 and D
     (rows contiguous, other strides multiples of 16 bytes: TMA)
-  - head dim 64, 96 or 128 (softcap too); tile_m 64, tile_n 128 (two MMA warpgroups of 64
-    keys)
+  - head dim 64, 96 or 128 (softcap too); tile_n 128 (two MMA warpgroups of 64 keys);
+    tile_m 64, or 128 at head dim 64 without softcap (the S^T, dP^T, dK and dV fragments then
+    take 192 of a thread's 240 registers)
   - strides as the forward's (head dim contiguous, the rest multiples of 16 bytes)
   - dQ is summed with atomic bulk adds: bit-reproducible from run to run only with
     ``deterministic`` (then the reduce warp of each CTA waits on a per-(sequence, head, query
@@ -112,20 +121,36 @@ def _transposed(t: cute.Tensor, shape, order) -> cute.Tensor:
 class FlashAttnBwdSm90:
     """See the module docstring. ``__init__`` takes only the compile-time configuration."""
 
+    # dQ split between the MMA warpgroups by query rows (each: 64 rows, all of D) rather than
+    # by columns (each: all tile_m rows, its share of D)
+    dq_by_rows = False
+    # The S^T and dP^T accumulators start at -LSE / scale and -D (per query column) rather
+    # than 0: P = exp2(S^T * scale * log2 e) and dS^T = P^T dP^T then hold no LSE or D in
+    # registers next to the two fragments
+    lse_in_acc = False
+
     def __init__(self, config: AttentionBwdConfig):
-        if (config.tile_m != 64 or config.tile_n != 128 or config.stages != 2 or config.do_stages
-                or config.head_dim not in (64, 96, 128)):
+        if (config.tile_m not in (64, 128) or config.tile_n != 128 or config.stages != 2
+                or config.do_stages or config.head_dim not in (64, 96, 128)
+                or (config.tile_m == 128 and (config.head_dim != 64 or config.softcap))):
             raise ValueError(f"unsupported backward tiles: {config}")
         self.config = config
         self.tile_m, self.tile_n, self.head_dim = config.tile_m, config.tile_n, config.head_dim
-        # dQ's columns split between the two MMA warpgroups; at head dim 96 the halves (48)
-        # would cut K's 32-column swizzle atoms, so warpgroup 0 computes all of dQ.
+        # 64 queries per step: dQ's columns split between the two MMA warpgroups (at head dim
+        # 96 the halves (48) would cut K's 32-column swizzle atoms, so warpgroup 0 computes all
+        # of dQ); 128 queries: its rows (one 64-row MMA each).
+        self.dq_by_rows = self.lse_in_acc = config.tile_m == 128
         self.dq_wgs = 1 if config.head_dim == 96 else 2
-        self.dq_cols = config.head_dim // self.dq_wgs
+        self.dq_cols = config.head_dim if self.dq_by_rows else config.head_dim // self.dq_wgs
         self.wg_keys = 64  # keys per MMA warpgroup's score tile
         self.queries_on_rows = False  # score tiles are S^T: keys on rows, queries on columns
         self.do_stages = config.do_stages  # 0: dO in Q's pipeline stages
         self.do_buffers = config.do_stages or config.stages  # dO / D buffers in shared memory
+
+    @property
+    def dq_rows(self) -> int:
+        """Rows of one MMA warpgroup's dQ tile."""
+        return 64 if self.dq_by_rows else self.tile_m
 
     # ------------------------------------------------------------------ host side
 
@@ -146,15 +171,15 @@ class FlashAttnBwdSm90:
                                      (tm, tn, st), (1, 0, 2))
         # One fp32 dQ tile per dQ warpgroup (its share of the columns), swizzled: the
         # accumulator's rows 8 apart land in different banks.
-        self.sdQ_layout = self._smem(Float32, row_major, self.dq_cols, (tm, self.dq_cols, self.dq_wgs),
-                                     (0, 1, 2))
+        self.sdQ_layout = self._smem(Float32, row_major, self.dq_cols,
+                                     (self.dq_rows, self.dq_cols, self.dq_wgs), (0, 1, 2))
         mma = lambda b_major, n, a_source: sm90_utils.make_trivial_tiled_mma(  # noqa: E731
             self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K if a_source != "smem_mn"
             else cute.nvgpu.OperandMajorMode.MN, b_major, Float32, (1, 1, 1), tiler_mn=(64, n),
             a_source=warpgroup.OperandSource.RMEM if a_source == "rmem" else warpgroup.OperandSource.SMEM)
         self.mma_s = mma(cute.nvgpu.OperandMajorMode.K, tm, "smem")  # S^T, dP^T (64 keys x tm)
         self.mma_kv = mma(cute.nvgpu.OperandMajorMode.MN, d, "rmem")  # dV, dK (64 keys x D)
-        self.mma_dq = mma(cute.nvgpu.OperandMajorMode.MN, self.dq_cols, "smem_mn")  # tm x D / 2
+        self.mma_dq = mma(cute.nvgpu.OperandMajorMode.MN, self.dq_cols, "smem_mn")  # dQ tile
         self.sdO_layout = self.sQ_layout
 
     @cute.jit
@@ -182,7 +207,7 @@ class FlashAttnBwdSm90:
         tma_dsum, tma_tensor_dsum = cpasync.make_tiled_tma_atom(load, dsum, row_tile, (tm,))
         tma_dq, tma_tensor_dq = cpasync.make_tiled_tma_atom(
             cpasync.CopyReduceBulkTensorTileS2GOp(), dq,
-            cute.slice_(self.sdQ_layout, (None, None, 0)), (tm, self.dq_cols))
+            cute.slice_(self.sdQ_layout, (None, None, 0)), (self.dq_rows, self.dq_cols))
         self.qdo_bytes = 2 * cute.size_in_bytes(self.dtype, one_stage) + 2 * tm * 4
         if const_expr(self.do_stages > 0):  # Q and its LSE; dO and its D on their own
             self.qdo_bytes = self.qdo_bytes // 2
@@ -432,8 +457,11 @@ class FlashAttnBwdSm90:
         one = cute.make_layout(1)
         for i in range(steps):
             head, m_block = self._step(work, i)
-            gdQ = cute.local_tile(self._rows(mdQ, seq.offset_q, head, batch),
-                                  (self.tile_m, self.dq_cols), (m_block, None))
+            rows = self._rows(mdQ, seq.offset_q, head, batch)
+            if const_expr(self.dq_by_rows):  # tiles m_block * dq_wgs + w of dq_rows rows
+                gdQ = cute.local_tile(rows, (self.dq_rows, self.dq_cols), (None, 0))
+            else:  # column tiles w of query block m_block
+                gdQ = cute.local_tile(rows, (self.tile_m, self.dq_cols), (m_block, None))
             if const_expr(self.config.deterministic):
                 flag = mSem.iterator + ((batch * mSem.shape[1] + head) * mSem.shape[2] + m_block)
                 if lane == 0:
@@ -445,7 +473,8 @@ class FlashAttnBwdSm90:
                 tsdQ, tgdQ = cpasync.tma_partition(
                     tma_dq, 0, one, cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2))
                 cute.arch.barrier(barrier_id=full + w, number_of_threads=160)
-                cute.copy(tma_dq, tsdQ[None, w], tgdQ[None, w])
+                tile = m_block * self.dq_wgs + w if const_expr(self.dq_by_rows) else w
+                cute.copy(tma_dq, tsdQ[None, w], tgdQ[None, tile])
                 cute.arch.cp_async_bulk_commit_group()
             if const_expr(self.config.deterministic):
                 cute.arch.cp_async_bulk_wait_group(0, read=False)  # the adds are done
@@ -480,10 +509,13 @@ class FlashAttnBwdSm90:
         tKrQ = mma_kv.make_fragment_B(kv_ops.partition_B(sQt))
         tVrP = mma_kv.make_fragment_A(kv_ops.partition_shape_A((64, tm)))
         tKrdS = mma_kv.make_fragment_A(kv_ops.partition_shape_A((64, tm)))
-        tQrdS = mma_dq.make_fragment_A(dq_ops.partition_A(sdS))
-        dq_wg = wg if const_expr(self.dq_wgs == 2) else 0
+        dq_wg = wg if const_expr(self.dq_wgs == 2) else 0  # this warpgroup's dQ tile
+        sdS_dq, k_cols = sdS, dq_wg  # dS rows and K^T column block of that tile
+        if const_expr(self.dq_by_rows):
+            sdS_dq, k_cols = cute.local_tile(sdS, (self.dq_rows, self.tile_n, st), (dq_wg, 0, 0)), 0
+        tQrdS = mma_dq.make_fragment_A(dq_ops.partition_A(sdS_dq))
         tQrK = mma_dq.make_fragment_B(dq_ops.partition_B(
-            cute.local_tile(sKt, (self.dq_cols, self.tile_n), (dq_wg, 0))))
+            cute.local_tile(sKt, (self.dq_cols, self.tile_n), (k_cols, 0))))
         acc_dv = cute.make_rmem_tensor(kv_ops.partition_shape_C((64, d)), Float32)
         acc_dk = cute.make_rmem_tensor(kv_ops.partition_shape_C((64, d)), Float32)
         acc_dv.fill(0.0)
@@ -501,16 +533,17 @@ class FlashAttnBwdSm90:
         lane = tidx % 4
         key = wg * 64 + coords[0, 0][0]  # this thread's first dS^T row (the second is + 8)
         ds_base = sdS.iterator.toint() + key * 128 + 4 * lane + 16 * (key % 8)
-        dq_coords = rows_cols(mma_dq.get_slice(tidx % 128).partition_C(
-            cute.make_identity_tensor((tm, self.dq_cols))))
+        dq_tile = (self.dq_rows, self.dq_cols)
+        dq_coords = rows_cols(mma_dq.get_slice(tidx % 128).partition_C(cute.make_identity_tensor(dq_tile)))
         row = dq_coords[0, 0][0]
-        dq_base = (sdQ.iterator.toint() + dq_wg * (tm * self.dq_cols * 4) + row * 128 + 8 * (lane % 2)
+        dq_base = (sdQ.iterator.toint() + dq_wg * (self.dq_rows * self.dq_cols * 4) + row * 128 + 8 * (lane % 2)
                    + 16 * (((lane // 2) ^ row) & 1) + 16 * (row & 6))
         tQsdQ = mma_dq.get_slice(tidx % 128).partition_C(sdQ[None, None, dq_wg])
         key0 = n_block * self.tile_n + wg * 64
         ds_ready = int(AttentionBwdBarrier.DS_READY)
         dq_empty, dq_full = int(AttentionBwdBarrier.DQ_EMPTY) + wg, int(AttentionBwdBarrier.DQ_FULL) + wg
 
+        neg_inv_scale = Float32(-1.0) / scale_log2
         kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_kv.consumer_wait(kv_state)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, st)
@@ -521,10 +554,14 @@ class FlashAttnBwdSm90:
             pipe_qdo.consumer_wait(state)
             acc_s = cute.make_rmem_tensor(s_ops.partition_shape_C((64, tm)), Float32)
             acc_dp = cute.make_rmem_tensor(s_ops.partition_shape_C((64, tm)), Float32)
-            warpgroup_gemm(mma_s, acc_s, tSrK, tSrQ[None, None, None, b], True)
-            warpgroup_gemm(mma_s, acc_dp, tPrV, tPrdO[None, None, None, b], True)
             lse = rows_cols(tSsLSE[None, None, None, b])
             dsum = rows_cols(tSsD[None, None, None, b])
+            if const_expr(self.lse_in_acc):
+                self.start_columns(acc_s, lse, neg_inv_scale)
+            warpgroup_gemm(mma_s, acc_s, tSrK, tSrQ[None, None, None, b], not self.lse_in_acc)
+            if const_expr(self.lse_in_acc):
+                self.start_columns(acc_dp, dsum, Float32(-1.0))
+            warpgroup_gemm(mma_s, acc_dp, tPrV, tPrdO[None, None, None, b], not self.lse_in_acc)
             # P^T (while dP^T is computed), then dS^T; blocks on an edge also mask.
             self.probabilities_and_gradients(acc_s, acc_dp, coords, lse, dsum, scale_log2,
                                              softcap_prescale, key0, q0, seq, window_left,
@@ -538,7 +575,7 @@ class FlashAttnBwdSm90:
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=ds_ready, number_of_threads=256)
             if const_expr(self.dq_wgs == 2) or wg == 0:
-                acc_dq = cute.make_rmem_tensor(dq_ops.partition_shape_C((tm, self.dq_cols)), Float32)
+                acc_dq = cute.make_rmem_tensor(dq_ops.partition_shape_C(dq_tile), Float32)
                 warpgroup_gemm(mma_dq, acc_dq, tQrdS[None, None, None, b], tQrK, True)
                 warpgroup_gemm(mma_kv, acc_dk, tKrdS, tKrQ[None, None, None, b], False)
                 warpgroup.wait_group(1)  # dV and dQ done, dK in flight
@@ -586,15 +623,31 @@ class FlashAttnBwdSm90:
             self.score_gradients(acc_s, acc_dp, dsum)
 
     @cute.jit
+    def start_columns(self, acc, values, factor):
+        """``lse_in_acc``: a score fragment set to ``factor`` times its query column's value
+        before a GEMM adds to it: -LSE / scale (``lse_log2 / -scale_log2``; a row with LSE +inf
+        starts at -inf, P = 0) under S^T, -D under dP^T."""
+        x = rows_cols(acc)
+        queries, keys = self._counts(x)
+        for i in cutlass.range_constexpr(queries):
+            r0, c0 = self._element(i, 0)
+            start = values[r0, c0] * factor
+            for j in cutlass.range_constexpr(keys):
+                r, c = self._element(i, j)
+                x[r, c] = start
+
+    @cute.jit
     def store_ds_t(self, tKrdS, base):
         """This thread's dS^T (bf16 pairs of adjacent queries; packed index v1 + 2 j for key row
         + 8 v1 and query columns 8 j + 2 (lane % 4)) into the queries-contiguous dS tile: group
-        j at ``base ^ 16 j``, the second row 8 rows (1024 bytes) further."""
+        j at ``base ^ 16 (j % 8)``, the second row 8 rows (1024 bytes) further; queries 64 and
+        up (tile_m 128) in the second 64-query half of the tile, tile_n 128-byte key rows on."""
         packed = cute.recast_tensor(tKrdS, Int32)
+        half = self.tile_n * 128
         for j in cutlass.range_constexpr(cute.size(packed) // 2):
-            address = base ^ (16 * j)
-            _st_shared(address, (packed[2 * j],), 0)
-            _st_shared(address, (packed[2 * j + 1],), 1024)
+            address = base ^ (16 * (j % 8))
+            _st_shared(address, (packed[2 * j],), half * (j // 8))
+            _st_shared(address, (packed[2 * j + 1],), half * (j // 8) + 1024)
 
     @cute.jit
     def store_dq(self, acc_dq, tQsdQ, base):
@@ -657,9 +710,10 @@ class FlashAttnBwdSm90:
     @cute.jit
     def probabilities(self, acc_s, coords, lse, scale_log2, key0, q0, seq, window_left,
                       window_right, mask: cutlass.Constexpr):
-        """P = exp2(S * scale * log2 e - LSE * log2 e) in place of the scores; with ``mask``, 0
-        where key and query may not meet. Query rows past the sequence hold any finite LSE
-        (TMA fills zeros past the tensor): they are masked."""
+        """P = exp2(S * scale * log2 e - LSE * log2 e) in place of the scores (``lse_in_acc``: the
+        scores already hold the LSE's term); with ``mask``, 0 where key and query may not meet.
+        Query rows past the sequence hold any finite LSE (TMA fills zeros past the tensor):
+        they are masked."""
         s = rows_cols(acc_s)
         queries, keys = self._counts(s)
         qa = 0 if const_expr(self.queries_on_rows) else 1
@@ -673,13 +727,16 @@ class FlashAttnBwdSm90:
                 if const_expr(mask):
                     score = self._visible(score, key0 + coords[r, c][1 - qa], q, seq,
                                           window_left, window_right)
-                s[r, c] = cute.math.exp2(score * scale_log2 - row_lse, fastmath=True)
+                if const_expr(self.lse_in_acc):
+                    s[r, c] = cute.math.exp2(score * scale_log2, fastmath=True)
+                else:
+                    s[r, c] = cute.math.exp2(score * scale_log2 - row_lse, fastmath=True)
 
     @cute.jit
     def score_gradients(self, acc_x, acc_dp, dsum, softcap: cutlass.Constexpr = False):
-        """dS = P (dP - D) in place of dP, ``acc_x`` holding P; with ``softcap``, (dP - D)
-        (1 - T^2) instead, ``acc_x`` holding T = tanh(S * scale / cap) (finite): the capped
-        score's derivative (P is applied afterwards)."""
+        """dS = P (dP - D) in place of dP, ``acc_x`` holding P (``lse_in_acc``: dP already holds
+        dP - D); with ``softcap``, (dP - D) (1 - T^2) instead, ``acc_x`` holding T = tanh(S *
+        scale / cap) (finite): the capped score's derivative (P is applied afterwards)."""
         x, dp = rows_cols(acc_x), rows_cols(acc_dp)
         queries, keys = self._counts(x)
         for i in cutlass.range_constexpr(queries):
@@ -689,6 +746,8 @@ class FlashAttnBwdSm90:
                 r, c = self._element(i, j)
                 if const_expr(softcap):
                     dp[r, c] = (dp[r, c] - row_d) * (Float32(1.0) - x[r, c] * x[r, c])
+                elif const_expr(self.lse_in_acc):
+                    dp[r, c] = x[r, c] * dp[r, c]
                 else:
                     dp[r, c] = x[r, c] * (dp[r, c] - row_d)
 

@@ -97,7 +97,7 @@ def all_fwd_configs() -> list[AttentionFwdConfig]:
 @dataclass(frozen=True)
 class AttentionBwdConfig:
     head_dim: int
-    tile_m: int = 64  # query rows per step
+    tile_m: int = 64  # query rows per step (128: head dim 64 only)
     tile_n: int = 128  # key rows per CTA: 64 per MMA warpgroup (past head dim 128: tile_n / 2)
     stages: int = 2  # Q's pipeline depth (dO's too where do_stages is 0)
     local: bool = False
@@ -119,7 +119,12 @@ BWD_WIDE_HEAD_DIMS = (192, 256)
 @functools.lru_cache(maxsize=256)
 def attention_bwd_config(head_dim: int, *, local: bool, softcap: bool, varlen: bool,
                          deterministic: bool = False) -> AttentionBwdConfig:
-    tile_n, stages, do_stages = 128, 2, 0
+    tile_m, tile_n, stages, do_stages = 64, 128, 2, 0
+    if head_dim == 64 and not softcap:
+        # 128 queries per step: half the steps (barriers, pipeline waits, LSE / D reads) per
+        # FLOP; the fragments fit the registers only at this head dim, without softcap's
+        # extra pass over the scores
+        tile_m = 128
     if head_dim in BWD_WIDE_HEAD_DIMS:
         # bwd_wide_sm90.py, measured on H100 (bf16, S = 4096, full / causal TFLOP/s): one dO
         # stage beside dQ's fp32 tiles; at 192 96-key blocks and two Q stages (448 / 390;
@@ -127,8 +132,9 @@ def attention_bwd_config(head_dim: int, *, local: bool, softcap: bool, varlen: b
         # (385 / 358; 80 keys with two Q stages, no room for dQ's tiles, dQ atomics from
         # registers: 314 / 290)
         tile_n, stages, do_stages = (96, 2, 1) if head_dim == 192 else (64, 1, 1)
-    return AttentionBwdConfig(head_dim, tile_n=tile_n, stages=stages, local=local, softcap=softcap,
-                              varlen=varlen, deterministic=deterministic, do_stages=do_stages)
+    return AttentionBwdConfig(head_dim, tile_m=tile_m, tile_n=tile_n, stages=stages, local=local,
+                              softcap=softcap, varlen=varlen, deterministic=deterministic,
+                              do_stages=do_stages)
 
 
 def all_bwd_configs() -> list[AttentionBwdConfig]:
