@@ -169,8 +169,8 @@ class FlashAttnBwdSm90:
         # MN-major A operand of dQ = dS K.
         self.sdS_layout = self._smem(self.dtype, tensor_utils.LayoutEnum.COL_MAJOR, tm,
                                      (tm, tn, st), (1, 0, 2))
-        # One fp32 dQ tile per dQ warpgroup (its share of the columns), swizzled: the
-        # accumulator's rows 8 apart land in different banks.
+        # One fp32 dQ tile per dQ warpgroup (its share of the columns, or of the rows at
+        # tile_m 128), swizzled: the accumulator's rows 8 apart land in different banks.
         self.sdQ_layout = self._smem(Float32, row_major, self.dq_cols,
                                      (self.dq_rows, self.dq_cols, self.dq_wgs), (0, 1, 2))
         mma = lambda b_major, n, a_source: sm90_utils.make_trivial_tiled_mma(  # noqa: E731
