@@ -325,15 +325,22 @@ class FlashAttnFwdSm90:
         sVt = cute.composition(sV, cute.make_ordered_layout(
             (self.head_dim, self.tile_n, cfg.stages), order=(1, 0, 2)))
         wg_pv = tiled_mma_pv.get_slice(0)  # operand descriptors of the warpgroup
-        # Q's and K's descriptors from the slice of the warpgroup's first thread of a tiled
-        # MMA over all MMA warpgroups (rather than the warpgroup's rows of Q cut out first):
-        # the compiler then ORs each k-step into Q's descriptor and keeps it out of the loop
-        # (3-4% fewer instructions per key block).
-        qk_wgs = sm90_utils.make_trivial_tiled_mma(
-            self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
-            Float32, (self.mma_wgs, 1, 1), tiler_mn=(64, self.tile_n))
-        tSrQ = qk_wgs.make_fragment_A(qk_wgs.get_slice(wg * 128).partition_A(sQ))
-        tSrK = qk_wgs.make_fragment_B(qk_wgs.get_slice(wg * 128).partition_B(sK))
+        if const_expr(self.mma_wgs == 2):
+            # Q's and K's descriptors from the slice of the warpgroup's first thread of a tiled
+            # MMA over both MMA warpgroups (rather than the warpgroup's rows of Q cut out
+            # first): the compiler then ORs each k-step into Q's descriptor and keeps it out of
+            # the loop (3-4% fewer instructions per key block). Three warpgroups (160
+            # registers each) gain little from it and spill with softcap and a mask.
+            qk_wgs = sm90_utils.make_trivial_tiled_mma(
+                self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.K,
+                Float32, (2, 1, 1), tiler_mn=(64, self.tile_n))
+            tSrQ = qk_wgs.make_fragment_A(qk_wgs.get_slice(wg * 128).partition_A(sQ))
+            tSrK = qk_wgs.make_fragment_B(qk_wgs.get_slice(wg * 128).partition_B(sK))
+        else:
+            wg_qk = tiled_mma_qk.get_slice(0)
+            tSrQ = tiled_mma_qk.make_fragment_A(wg_qk.partition_A(
+                cute.local_tile(sQ, (64, self.head_dim), (wg, 0))))
+            tSrK = tiled_mma_qk.make_fragment_B(wg_qk.partition_B(sK))
         tOrV = tiled_mma_pv.make_fragment_B(wg_pv.partition_B(sVt))
         thr_qk = tiled_mma_qk.get_slice(tidx % 128)
         acc_o = cute.make_rmem_tensor(wg_pv.partition_shape_C((64, self.head_dim)), Float32)
@@ -380,7 +387,7 @@ class FlashAttnFwdSm90:
         acc_o.fill(0.0)
         carried_scale.fill(1.0)
         steps = (tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP, acc_o, softmax,
-                 carried_scale, pipe_k, pipe_v, mask, thr_qk, wg * 64, softcap_prescale, wg)
+                 carried_scale, pipe_k, pipe_v, mask, thr_qk, wg * 64, softcap_prescale)
         n_min, n_max = mask.block_range()
         pipe_q.consumer_wait(q_state)
         state = self.first_block(steps, state, n_max - 1)
@@ -430,11 +437,11 @@ class FlashAttnFwdSm90:
         # The warpgroups take turns from the first GEMM on, so that one's first softmax runs
         # under the other's first GEMM.
         if const_expr(self.pingpong):
-            cute.arch.barrier(barrier_id=int(AttentionBarrier.MMA_TURN) + steps[15],
+            cute.arch.barrier(barrier_id=int(AttentionBarrier.MMA_TURN) + self._wg(),
                               number_of_threads=256)
         warpgroup_gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, state.index], True)
         if const_expr(self.pingpong):
-            cute.arch.barrier_arrive(barrier_id=int(AttentionBarrier.MMA_TURN) + self._next_wg(steps[15]),
+            cute.arch.barrier_arrive(barrier_id=int(AttentionBarrier.MMA_TURN) + self._next_wg(),
                                      number_of_threads=256)
         warpgroup.wait_group(0)
         pipe_k.consumer_release(state)
@@ -453,7 +460,7 @@ class FlashAttnFwdSm90:
         acc_s = cute.make_rmem_tensor(tiled_mma_qk.get_slice(0).partition_shape_C((64, self.tile_n)), Float32)
         pipe_k.consumer_wait(state)
         if const_expr(self.pingpong):
-            cute.arch.barrier(barrier_id=int(AttentionBarrier.MMA_TURN) + steps[15],
+            cute.arch.barrier(barrier_id=int(AttentionBarrier.MMA_TURN) + self._wg(),
                               number_of_threads=256)
         warpgroup_gemm(tiled_mma_qk, acc_s, tSrQ, tSrK[None, None, None, state.index], True)
         if const_expr(self.rescale_early):
@@ -461,7 +468,7 @@ class FlashAttnFwdSm90:
         pipe_v.consumer_wait(v_state)
         warpgroup_gemm(tiled_mma_pv, acc_o, tOrP, tOrV[None, None, None, v_state.index], False)
         if const_expr(self.pingpong):
-            cute.arch.barrier_arrive(barrier_id=int(AttentionBarrier.MMA_TURN) + self._next_wg(steps[15]),
+            cute.arch.barrier_arrive(barrier_id=int(AttentionBarrier.MMA_TURN) + self._next_wg(),
                                      number_of_threads=256)
         warpgroup.wait_group(1)
         pipe_k.consumer_release(state)
@@ -490,8 +497,12 @@ class FlashAttnFwdSm90:
         state.advance()
         return state
 
-    def _next_wg(self, wg):
-        """The MMA warpgroup (0-based) that issues after warpgroup ``wg``."""
+    def _wg(self):
+        """This MMA warpgroup's index (0-based), uniform over the warp."""
+        return cute.arch.make_warp_uniform(cute.arch.thread_idx()[0] // 128) - 1
+
+    def _next_wg(self):
+        wg = self._wg()
         if const_expr(self.mma_wgs == 2):
             return 1 - wg
         return (wg + 1) % self.mma_wgs
