@@ -138,15 +138,15 @@ def test_heuristic_fills_the_machine():
     assert choose_config(4096, 4352, 4096, 1, 2, 132).pingpong  # 8 of 66 in the last wave
     assert choose_config(2048, 4352, 4096, 1, 2, 132).pingpong  # 4 of 66
     assert not choose_config(4096, 4352, 8192, 1, 2, 132).pingpong  # beyond PINGPONG_MAX_K
-    # From K = 2048 one wave of ping-pong tiles may do (1.39 vs 2 cooperative waves here).
-    assert choose_config(1024, 4352, 4096, 1, 2, 132).pingpong
-    assert choose_config(1024, 5120, 2048, 1, 2, 132).pingpong
+    # From K = 2048 one wave of ping-pong tiles may do (1.5 vs 2 cooperative waves here).
+    assert choose_config(1024, 6144, 4096, 1, 2, 132).pingpong
+    assert choose_config(768, 6144, 2048, 1, 2, 132).pingpong
     assert not choose_config(1024, 5120, 1536, 1, 2, 132).pingpong
     # Stream-K tail: bf16 with a last wave at most 75% full, K >= 2048, and at most
     # STREAM_K_MAX_PIECES pieces per tile at K = 4096 (in proportion to K).
     assert choose_config(4096, 4352, 8192, 1, 2, 132).stream_k  # 272 cluster tiles: 8 in the last wave
     assert choose_config(8192, 8192, 8192, 1, 2, 132).stream_k  # 1024: 34 of 66
-    assert choose_config(5120, 5120, 8192, 1, 2, 132).stream_k  # 400: 4 of 66, 16.5 pieces
+    assert choose_config(6144, 6144, 8192, 1, 2, 132).stream_k  # 576: 48 of 66
     assert not choose_config(16384, 8192, 8192, 1, 2, 132).stream_k  # 2048: 2 of 66, 33 pieces
     assert not choose_config(16384, 16384, 4096, 1, 2, 132).stream_k  # 4096: 4 of 66 at K = 4096
     assert not choose_config(1024, 4352, 4096, 1, 2, 132).stream_k  # 136 of 132 CTAs
@@ -154,6 +154,18 @@ def test_heuristic_fills_the_machine():
     assert not choose_config(4096, 4352, 1024, 1, 2, 132).stream_k  # short K
     assert not choose_config(4096, 4352, 4096, 1, 1, 132).stream_k  # fp8
     assert not choose_config(1024, 1024, 4096, 1, 2, 132).stream_k  # one partial wave
+    # 256 x 160 tiles in pairs along M where their waves round best (config.WIDE_TILE; measured
+    # 663 / 661 vs 556 / 605 TFLOP/s for ping-pong at the first two, 743 vs 704 for 128 x 256
+    # with a stream-K tail at 5120^2 x 8192, 645 / 479 vs 594 / 429 for 128 x 256 at N = 5000).
+    for shape in ((1024, 4352, 4096), (1024, 5120, 2048), (5120, 5120, 8192), (3000, 5000, 2000),
+                  (2048, 5000, 1000)):
+        cfg = choose_config(*shape, 1, 2, 132)
+        assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m, cfg.epi_stages, cfg.stream_k, cfg.pingpong) == (
+            256, 160, 2, 2, False, False), shape
+    assert choose_config(3000, 5000, 1000, 1, 2, 132).tile_n == 256  # 3 vs 4 waves at short K: 492 vs 508
+    assert choose_config(4096, 4096, 4096, 1, 2, 132).tile_n == 256  # 4 waves 79% vs 97% full
+    assert choose_config(4800, 5000, 8192, 1, 2, 132).tile_m == 128  # 19 row tiles of 256: no pairs
+    assert choose_config(3000, 5000, 2000, 1, 1, 132).tile_m == 128  # fp8 keeps its tiles
     # 128 < M <= 256: no tail after full waves (it would read a weight slab's two row tiles
     # apart); a single partial wave is still cut along K.
     wide = choose_config(256, 28672, 4096, 1, 2, 132)
@@ -614,6 +626,24 @@ def test_mid_k_pingpong_through_the_op():
     ck.gemm(a, b).backward(grad)
     check(a.grad, grad, b.detach().t())
     check(b.grad, a.detach().t(), grad)
+
+
+@gpu
+@pytest.mark.parametrize("mnk", [(1000, 5000, 1000), (3000, 5000, 2000), (1024, 4352, 4096)])
+@pytest.mark.parametrize("weight", [False, True])
+def test_wide_tiles_through_the_op(mnk, weight):
+    # The heuristic's 256 x 160 tiles (row and column tails: M and N not multiples of the
+    # tile), B as (K, N) or as an nn.Linear weight (N, K) transposed, into a poisoned output.
+    m, n, k = mnk
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cfg = choose_config(m, n, k, 1, 2, sms)
+    assert (cfg.tile_m, cfg.tile_n, cfg.cluster_m) == (256, 160, 2), cfg
+    a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) + 0.5
+    b = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t() if weight
+         else torch.randn(k, n, device="cuda", dtype=torch.bfloat16))
+    out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+    ck.gemm(a, b, out=out)
+    check(out, a, b)
 
 
 @gpu

@@ -154,6 +154,24 @@ SINGLE_WAVE_MIN_RUN = 3072
 # 0.9, 128 x 160 at 0.85 (still below 128 x 128 at 256 x 8192 x 8192, one wave of each).
 SMALL_M_TILE_EFFICIENCY = {(128, 256): 0.9, (128, 160): 0.85, (128, 128): 0.7, (64, 128): 0.6}
 NARROW_TILE_MIN_FILL = 0.7
+# 256 x 160 tiles (two warpgroups of 128 x 160: two m64 MMAs per k-block, so B is read twice
+# per k-block), for 16-bit inputs with M > 256, where N's 256-wide tile columns round the waves
+# badly (cuBLAS's own choice at N = 5000 is a 256 x 152 tile, three full waves at M = 3000).
+# Two epilogue buffers per warpgroup leave room for four 52 KB pipeline stages. Measured on
+# H100 (`experiment_gemm.py --linear`, TFLOP/s, against 128 x 256 in clusters of two; cuBLAS):
+# 3000 x 5000 x 2000 645 vs 594 (681; 3 vs 3.64 waves), 2048 x 5000 x 1000 479 vs 429 (518; 2
+# vs 2.42), but 3000 x 5000 x 1000 492 vs 508 (522: its larger epilogue shows at short K),
+# 4096 x 5000 x 4096 663 vs 669 (both 97% full waves), 4096^3 560 vs 718 (4 waves, 79% vs 97%
+# full). With three stages and four buffers: 602 / 454 / 476 / 661 / 561. Its efficiency
+# against 128 x 256 (``wide_tile_efficiency``): 0.9 at K <= 1024, 0.97 from K = 2048.
+WIDE_TILE = (256, 160)
+WIDE_EPI_STAGES = 2
+
+
+def wide_tile_efficiency(k: int) -> float:
+    """The 256 x 160 tile's throughput relative to 128 x 256's (``WIDE_TILE``): its larger
+    epilogue is a larger share of short tiles."""
+    return 0.9 + 0.07 * min(1.0, max(0.0, (k - 1024) / 1024))
 # A single partial wave of 64-row tiles is cut along K only while fewer tiles than half the
 # clusters would run data-parallel: from there the data-parallel grid streams the weights as
 # fast (memory-bound at these sizes) without the partial sums (measured, data-parallel vs
@@ -193,9 +211,10 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
                   epilogue: Epilogue = Epilogue(), fast_accum: bool = False) -> GemmConfig:
     """Tile and cluster shape for a (batch x) M x N x K problem.
 
-    128 x 256 (two MMA warpgroups of 64 x 256) and 128 x 128 tiles are scored by their wave
-    count (tiles / SMs, rounded up) times the tile's work divided by its measured MMA
-    efficiency; the cheapest wins, so small problems shrink the tile until more SMs have work.
+    128 x 256 (two MMA warpgroups of 64 x 256) and 128 x 128 tiles, and for 16-bit inputs
+    256 x 160 (``WIDE_TILE``) where its waves round well, are scored by their wave count
+    (tiles / SMs, rounded up) times the tile's work divided by its measured MMA efficiency; the
+    cheapest wins, so small problems shrink the tile until more SMs have work.
     M <= 128 takes 64 x 128 tiles (one warpgroup), with a 2-CTA cluster along M sharing B when
     M > 64; fp8 chooses among 128 x 256 (column-split promotion), 128 x 192 and 128 x 128 the
     same way (``fast_accum``: no promotion, one accumulator, 128 x 256 or 128 x 128); short and
@@ -208,8 +227,13 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
         return -(-m // tm) * -(-n // tn) * batch
 
     fast_accum = fast_accum and itemsize == 1
-    efficiency = (TILE_EFFICIENCY if itemsize != 1 else
-                  FP8_FAST_TILE_EFFICIENCY if fast_accum else FP8_TILE_EFFICIENCY)
+    efficiency = dict(TILE_EFFICIENCY if itemsize != 1 else
+                      FP8_FAST_TILE_EFFICIENCY if fast_accum else FP8_TILE_EFFICIENCY)
+    # The 256 x 160 tile (``WIDE_TILE``) runs in clusters of two along M and rounds waves: it
+    # is a candidate where its row tiles pair up and its last wave is at least 80% full.
+    wide_fill = tiles(*WIDE_TILE) / sm_count % 1
+    if itemsize == 2 and m > 256 and -(-m // WIDE_TILE[0]) % 2 == 0 and (wide_fill == 0 or wide_fill >= 0.8):
+        efficiency[WIDE_TILE] = wide_tile_efficiency(k)
 
     def cost(shape):
         tm, tn = shape
@@ -233,7 +257,7 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
         # (the two 128 x 160 tiles of 128 < M <= 256 always pair: measured 714 vs 699 TFLOP/s
         # at 256 x 10240 x 8192, 673 vs 641 at 256 x 28672 x 4096)
         enough = (tiles(tm, tn) >= 2 * sm_count or 64 < m <= 256 and tm == 64
-                  or 128 < m <= 256 and tn == 160)
+                  or 128 < m <= 256 and tn == 160 or (tm, tn) == WIDE_TILE)
         one_cta = itemsize == 1 and tn == 256 or tn <= 64  # (no B worth sharing: skinny tiles)
         cm = 2 if enough and not one_cta and -(-m // tm) % 2 == 0 else 1
         clusters = max(1, sm_count // cm)
@@ -251,7 +275,7 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
         # 256 x 28672 / 14336 x 4096, 128 x 128 pairs 0.70x at 256 x 6144 x 4096, 64 x 128
         # pairs 0.80-0.98x; a single wave at 256 x 4096 x 14336: 1.17-1.32x).
         after_waves = 128 < m <= 256 and cluster_tiles > clusters
-        stream_k = (itemsize == 2 and not pingpong and long_runs and tn > 64
+        stream_k = (itemsize == 2 and not pingpong and long_runs and tn > 64 and (tm, tn) != WIDE_TILE
                     and 0 < tail <= 0.75 * clusters and k >= 2048 and not after_waves
                     and clusters * 4096 <= STREAM_K_MAX_PIECES * k * tail)
         return cm, clusters, cluster_tiles, stream_k
@@ -340,4 +364,5 @@ def choose_config(m: int, n: int, k: int, batch: int, itemsize: int, sm_count: i
     return GemmConfig(tile_m, tile_n, cluster_m, 1, swizzle=8, max_clusters=clusters, k_blocks=k_blocks,
                       epilogue=epilogue, fp8_promote_every=promote, fp8_split_n=split,
                       pingpong=pingpong, stream_k=stream_k, epilogue_mma=epilogue_mma,
-                      epi_stages=PINGPONG_EPI_STAGES if pingpong else GemmConfig.epi_stages)
+                      epi_stages=(PINGPONG_EPI_STAGES if pingpong else WIDE_EPI_STAGES
+                                  if (tile_m, tile_n) == WIDE_TILE else GemmConfig.epi_stages))

@@ -21,8 +21,8 @@ from ..runtime import (
 from ..runtime.arch import sm_count, target_arch
 from ..runtime.dtypes import dtype_name
 from ..runtime.errors import check_tensor, describe
-from .config import (ACTIVATIONS, PINGPONG_EPI_STAGES, Epilogue, GemmConfig, choose_config,
-                     narrow_tile_k_blocks)
+from .config import (ACTIVATIONS, PINGPONG_EPI_STAGES, WIDE_EPI_STAGES, WIDE_TILE, Epilogue, GemmConfig,
+                     choose_config, narrow_tile_k_blocks)
 from .tuning import tuned_config
 
 INPUT_DTYPES = (torch.bfloat16, torch.float16)
@@ -698,6 +698,10 @@ def compile_configurations(quick: bool = False):
         cfg = GemmConfig(128, 96, cm, max_clusters=132 // cm, pingpong=True, fp8_promote_every=1,
                          epilogue=Epilogue(row_scale=True, col_scale=True))
         found.append((GemmSm90, cfg, specs(cfg, (fp8_row, fp8_col, out, None, None, f32, f32))))
+    # The heuristic's 256 x 160 tile (config.WIDE_TILE: clusters of two along M), every layout.
+    for a_major, b_major in (("row", "row"), ("col", "row"), ("row", "col"), ("col", "col")):
+        cfg = GemmConfig(*WIDE_TILE, 2, max_clusters=66, epi_stages=WIDE_EPI_STAGES)
+        found.append((GemmSm90, cfg, specs(cfg, (bf16(a_major), bf16(b_major), out, None, None, None, None))))
     # 256-row tiles (two m64 MMAs per warpgroup and k-block), clusters along M and along N.
     for cluster, stream_k in (((2, 1), False), ((1, 2), True)):
         cfg = GemmConfig(256, 192, *cluster, max_clusters=66, stream_k=stream_k)
@@ -769,10 +773,14 @@ def pad_k_config(config: GemmConfig) -> GemmConfig:
     """The heuristic's configuration for padded operands, made to pad them itself
     (``GemmConfig.pad_k``): without a stream-K tail (the grid barrier needs every CTA at once),
     and cooperative instead of ping-pong (ping-pong's 192 accumulators per thread spill next to
-    the padding code)."""
+    the padding code); the 256 x 160 tile (160 accumulators, two epilogue buffers) becomes
+    128 x 256 without a cluster."""
     config = replace(config, pad_k=True, stream_k=False)
     if config.pingpong:
         config = replace(config, pingpong=False, epi_stages=GemmConfig.epi_stages)
+    if (config.tile_m, config.tile_n) == WIDE_TILE:
+        config = replace(config, tile_m=128, tile_n=256, epi_stages=GemmConfig.epi_stages, cluster_m=1,
+                         max_clusters=config.max_clusters * config.cluster_m)
     return config
 
 
