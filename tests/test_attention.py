@@ -65,6 +65,30 @@ def check(q, k, v, **kw):
 LENGTHS = [(1, 1), (17, 17), (128, 128), (1000, 1000), (113, 203), (203, 113)]
 
 
+@pytest.mark.parametrize("columns", [80, 112, 128, 176])
+def test_mask_element_counts_match_the_accumulator_columns(columns):
+    # The forward's masks count a thread's accumulator columns below a limit in closed form
+    # (thread 0 holds columns 0, 1, 8, 9, ...): checked against counting, limits past both ends.
+    from cute_kernels.attention.mask import _elements_before
+
+    held = [8 * (c // 2) + c % 2 for c in range(columns // 4)]
+    for limit in range(-40, columns + 40):
+        assert _elements_before(limit, columns) == sum(c < limit for c in held), limit
+
+
+@gpu
+def test_masked_key_tails_and_diagonals_at_every_offset():
+    # Key tails and diagonals crossing every position of a 128-key block (both 32-bit halves of
+    # a thread's mask), causal and with a window, Sq < Sk and Sq > Sk.
+    torch.manual_seed(0)
+    for sq, sk in ((130, 161), (161, 130), (257, 190), (64, 319)):
+        q = torch.randn(1, sq, 2, 128, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(1, sk, 2, 128, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn(1, sk, 2, 128, device="cuda", dtype=torch.bfloat16)
+        for kw in ({"causal": False}, {"causal": True}, {"window_size": (37, 5)}):
+            check(q, k, v, **kw)
+
+
 @gpu
 @pytest.mark.parametrize("dim", HEAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True])

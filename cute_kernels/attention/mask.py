@@ -5,7 +5,10 @@ Masks follow FlashAttention: aligned bottom-right, so query row i sits at key po
 (causal: right = 0, left unbounded, passed as a value past every key). Masked scores become
 -inf before the softmax. Only the boundary blocks of a tile are masked: the first block visited
 (the last key block, which may hold the key tail) and the blocks the diagonal or the window's
-left edge crosses.
+left edge crosses. Each row's visible columns become one 32-bit keep mask per 32 of a thread's
+values (two shifts from the row's limits), each value selected by a constant bit, which ptxas
+turns into R2P predicate moves: about one instruction per value instead of two compares and a
+select.
 """
 
 from __future__ import annotations
@@ -13,8 +16,50 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import T, dsl_user_op
 
 from .fragments import rows_cols
+
+
+@dsl_user_op
+def _shift(value: Int32, amount: Int32, left: bool, *, loc=None, ip=None) -> Int32:
+    """``value`` shifted by ``amount`` bits (PTX ``shl.b32`` / ``shr.u32``: amounts of 32 or
+    more give 0, where LLVM's shifts are undefined)."""
+    return Int32(
+        llvm.inline_asm(
+            T.i32(),
+            [Int32(value).ir_value(loc=loc, ip=ip), Int32(amount).ir_value(loc=loc, ip=ip)],
+            f"{'shl.b32' if left else 'shr.u32'} $0, $1, $2;",
+            "=r,r,r",
+            has_side_effects=False,
+            is_align_stack=False,
+            asm_dialect=llvm.AsmDialect.AD_ATT,
+        )
+    )
+
+
+def _elements_before(limit, columns: int):
+    """How many of a thread's accumulator columns (thread 0's: 0, 1, 8, 9, 16, 17, ...; the
+    other threads' shifted by their own offset) lie below column ``limit``."""
+    limit = cutlass.min(cutlass.max(limit, 0), columns)
+    return 2 * (limit >> 3) + cutlass.min(limit & 7, 2)
+
+
+@cute.jit
+def _mask_elements(row: cute.Tensor, lo, hi):
+    """Set the elements of ``row`` (a thread's columns of one accumulator row, in order)
+    outside [lo, hi) (element indices) to -inf: one 32-bit keep mask per 32 elements, each
+    element selected by a constant bit (ptxas moves the bits to predicates with R2P)."""
+    n = cute.size(row)
+    for chunk in cutlass.range_constexpr((n + 31) // 32):
+        base = 32 * chunk
+        below = cutlass.min(cutlass.max(hi - base, 0), 32)
+        above = cutlass.min(cutlass.max(lo - base, 0), 32)
+        keep = _shift(Int32(-1), 32 - below, False) & _shift(Int32(-1), above, True)
+        for i in cutlass.range_constexpr(min(32, n - base)):
+            if keep & (1 << i if i < 31 else -(1 << 31)) == 0:
+                row[base + i] = -Float32.inf
 
 
 class Sequence:
@@ -77,14 +122,16 @@ class TileMask:
         # against limits shifted by their own column offset.
         thread0 = rows_cols(thr_mma.get_slice(0).partition_C(coords))
         col_offset = mine[0][1]
+        columns = cute.size(s, mode=[1])
+        for c in cutlass.range_constexpr(columns):  # the column order _elements_before counts
+            assert thread0[0, c][1] == 8 * (c // 2) + c % 2, "unexpected accumulator columns"
         n_block = cutlass.max(n_block, 0)  # an empty range still visits block -1 (all masked)
         seq_limit = self.seq.seqlen_k - n_block * self.tile_n - col_offset
         if cutlass.const_expr(not self.local):
             if cutlass.const_expr(check_seqlen):
-                for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
-                    if thread0[0, c][1] >= seq_limit:
-                        for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
-                            s[r, c] = -Float32.inf
+                hi = _elements_before(seq_limit, self.tile_n)
+                for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+                    _mask_elements(s[r, None], 0, hi)
         else:
             diag = self.diag0 + row_offset - n_block * self.tile_n - col_offset
             for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
@@ -93,7 +140,5 @@ class TileMask:
                 if cutlass.const_expr(check_seqlen):
                     hi = cutlass.min(hi, seq_limit)
                 lo = row_diag - self.left
-                for c in cutlass.range_constexpr(cute.size(s, mode=[1])):
-                    col = thread0[0, c][1]
-                    if col >= hi or col < lo:
-                        s[r, c] = -Float32.inf
+                _mask_elements(s[r, None], _elements_before(lo, self.tile_n),
+                               _elements_before(hi, self.tile_n))
