@@ -33,8 +33,8 @@ Design:
   - The dS^T and dQ stores to their SW128-swizzled tiles compute addresses in closed form
     (``store_ds_t``, ``store_dq``): one XOR per column group instead of the per-element
     address arithmetic the compiler re-derives every step.
-  - Masks as the forward's (``mask.py`` semantics), on the transposed scores, only on the
-    blocks an edge crosses; softcap turns S^T into its tanh in place and multiplies dP^T - D by
+  - Masks as the forward's (``mask.py`` semantics and 32-bit keep masks, a row of S^T at a
+    time), on the transposed scores, only on the blocks an edge crosses; softcap turns S^T into its tanh in place and multiplies dP^T - D by
     the tanh's derivative before P^T is formed (no extra fragment). dK and dQ carry the softmax scale (dK here, dQ in the
     launcher's final scaling of the accumulator).
 
@@ -72,7 +72,7 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 from ..primitives.named_barriers import AttentionBwdBarrier
 from .config import AttentionBwdConfig
 from .fragments import as_operand_a, convert_pairs, rows_cols, warpgroup_gemm
-from .mask import Sequence
+from .mask import Sequence, mask_columns
 
 PRODUCER_REGISTERS, MMA_REGISTERS = 24, 240
 # setmaxnreg moves registers between warpgroups inside the 168 per thread the 384-thread launch
@@ -676,26 +676,41 @@ class FlashAttnBwdSm90:
         return edge
 
     @cute.jit
-    def _visible(self, score, key, q, seq, window_left, window_right):
-        """``score``, or -inf where key and query may not meet (past either sequence's end, or
-        outside the query's window)."""
-        ok = key < seq.seqlen_k and q < seq.seqlen_q
-        if const_expr(self.config.local):
-            offset = seq.seqlen_k - seq.seqlen_q
-            ok = ok and key <= q + offset + window_right and key >= q + offset - window_left
-        return score if ok else -Float32.inf
-
-    @cute.jit
     def edge_probabilities(self, acc_s, coords, lse, scale_log2, key0, q0, seq, window_left,
                            window_right, mask):
-        """``probabilities``, masked where ``mask`` (a run-time flag: the block is on an edge)
-        says so: both variants compiled, one branch between them."""
+        """``probabilities``, the scores masked first where ``mask`` (a run-time flag: the
+        block is on an edge) says so."""
         if mask:
-            self.probabilities(acc_s, coords, lse, scale_log2, key0, q0, seq, window_left,
-                               window_right, True)
-        else:
-            self.probabilities(acc_s, coords, lse, scale_log2, key0, q0, seq, window_left,
-                               window_right, False)
+            self.mask_scores(acc_s, coords, key0, q0, seq, window_left, window_right)
+        self.probabilities(acc_s, lse, scale_log2)
+
+    @cute.jit
+    def mask_scores(self, acc_s, coords, key0, q0, seq, window_left, window_right):
+        """-inf where key and query may not meet (past either sequence's end, or outside the
+        query's window), a row at a time: the row's visible columns are one range, applied as
+        32-bit keep masks (``mask.mask_columns``). Query rows past the sequence hold any finite
+        LSE (TMA fills zeros past the tensor): they are masked too."""
+        s = rows_cols(acc_s)
+        col_offset = coords[0, 0][1]
+        offset = seq.seqlen_k - seq.seqlen_q
+        for r in cutlass.range_constexpr(cute.size(s, mode=[0])):
+            if const_expr(self.queries_on_rows):  # a query's row of keys
+                q = q0 + coords[r, 0][0]
+                lo, hi = Int32(0), seq.seqlen_k
+                if const_expr(self.config.local):
+                    lo = cutlass.max(lo, q + offset - window_left)
+                    hi = cutlass.min(hi, q + offset + window_right + 1)
+                hi = hi if q < seq.seqlen_q else lo
+                base = key0
+            else:  # a key's row of queries
+                key = key0 + coords[r, 0][0]
+                lo, hi = Int32(0), seq.seqlen_q
+                if const_expr(self.config.local):
+                    lo = cutlass.max(lo, key - offset - window_right)
+                    hi = cutlass.min(hi, key - offset + window_left + 1)
+                hi = hi if key < seq.seqlen_k else lo
+                base = q0
+            mask_columns(s[r, None], lo - base, hi - base, col_offset)
 
     def _element(self, query: int, key: int):
         """(row, column) in a thread's score fragment of its query index ``query`` and key
@@ -708,25 +723,17 @@ class FlashAttnBwdSm90:
         return (rows, cols) if self.queries_on_rows else (cols, rows)
 
     @cute.jit
-    def probabilities(self, acc_s, coords, lse, scale_log2, key0, q0, seq, window_left,
-                      window_right, mask: cutlass.Constexpr):
+    def probabilities(self, acc_s, lse, scale_log2):
         """P = exp2(S * scale * log2 e - LSE * log2 e) in place of the scores (``lse_in_acc``: the
-        scores already hold the LSE's term); with ``mask``, 0 where key and query may not meet.
-        Query rows past the sequence hold any finite LSE (TMA fills zeros past the tensor):
-        they are masked."""
+        scores already hold the LSE's term); masked scores (-inf) give 0."""
         s = rows_cols(acc_s)
         queries, keys = self._counts(s)
-        qa = 0 if const_expr(self.queries_on_rows) else 1
         for i in cutlass.range_constexpr(queries):
             r0, c0 = self._element(i, 0)
-            q = q0 + coords[r0, c0][qa]
             row_lse = lse[r0, c0]
             for j in cutlass.range_constexpr(keys):
                 r, c = self._element(i, j)
                 score = s[r, c]
-                if const_expr(mask):
-                    score = self._visible(score, key0 + coords[r, c][1 - qa], q, seq,
-                                          window_left, window_right)
                 if const_expr(self.lse_in_acc):
                     s[r, c] = cute.math.exp2(score * scale_log2, fastmath=True)
                 else:

@@ -47,6 +47,14 @@ def _elements_before(limit, columns: int):
 
 
 @cute.jit
+def mask_columns(row: cute.Tensor, lo, hi, col_offset):
+    """Set the values of ``row`` (one row of a thread's wgmma accumulator, in order) whose
+    column lies outside [lo, hi) to -inf; ``col_offset`` is the thread's first column."""
+    width = 4 * cute.size(row)  # the accumulator's columns: a thread holds a quarter of them
+    _mask_elements(row, _elements_before(lo - col_offset, width), _elements_before(hi - col_offset, width))
+
+
+@cute.jit
 def _mask_elements(row: cute.Tensor, lo, hi):
     """Set the elements of ``row`` (a thread's columns of one accumulator row, in order)
     outside [lo, hi) (element indices) to -inf: one 32-bit keep mask per 32 elements, each
