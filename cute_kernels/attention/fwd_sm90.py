@@ -360,6 +360,9 @@ class FlashAttnFwdSm90:
                 carried_scale, thr_qk, sO, tma_o, mO, mLSE, pipe_q, pipe_k, pipe_v, schedule,
                 seqlen_q_static, seqlen_k_static, cu_q, cu_k, window_left, window_right,
                 softcap_prescale, wg, tidx, state, q_state)
+        if const_expr(cfg.persistent and not cfg.varlen):
+            if tidx < 32:  # the last tile's O store has read the buffer before the CTA exits
+                cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def mma_tile(self, tile, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP, acc_o, softmax,
@@ -522,7 +525,12 @@ class FlashAttnFwdSm90:
         convert_pairs(acc_o, r_o)
         epilogue_barrier = int(AttentionBarrier.EPILOGUE)
         if const_expr(cfg.persistent):
-            # The previous tile's O has left the buffer (its store warp waited for the reads).
+            # The previous tile's O has left the buffer: its store warp waits for the TMA's
+            # reads here rather than right after issuing the store, so that its warpgroup
+            # starts the next tile's GEMMs at once.
+            if const_expr(not cfg.varlen):
+                if tidx < 32:
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
             cute.arch.barrier(barrier_id=epilogue_barrier, number_of_threads=self.mma_threads)
         store_atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(False, 4), self.dtype)
         tiled_store = cute.make_tiled_copy_C(store_atom, tiled_mma_pv)
@@ -552,7 +560,8 @@ class FlashAttnFwdSm90:
                                                    cute.group_modes(sO, 0, 2), cute.group_modes(gO, 0, 2))
                 cute.copy(tma_o, tOsO, tOgO)
                 cute.arch.cp_async_bulk_commit_group()
-                cute.arch.cp_async_bulk_wait_group(0, read=True)
+                if const_expr(not cfg.persistent):
+                    cute.arch.cp_async_bulk_wait_group(0, read=True)
         else:
             self.store_rows(sO, o_rows, seq, m_block, tidx)
 
