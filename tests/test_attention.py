@@ -76,6 +76,16 @@ def test_mask_element_counts_match_the_accumulator_columns(columns):
         assert _elements_before(limit, columns) == sum(c < limit for c in held), limit
 
 
+def test_windows_wider_than_every_key_reach_the_kernel_as_unbounded():
+    # The kernels compute window edges in 32 bits: a side past every key is passed as Sq + Sk.
+    from cute_kernels.attention.op import _window
+
+    assert _window(False, (2**31 - 1, 2**40), 300) == (True, 300, 300)
+    assert _window(True, (-1, -1), 300) == (True, 300, 0)
+    assert _window(False, (5, -1), 300) == (True, 5, 300)
+    assert _window(False, (-1, -1), 300) == (False, 300, 300)
+
+
 @gpu
 def test_masked_key_tails_and_diagonals_at_every_offset():
     # Key tails and diagonals crossing every position of a 128-key block (both 32-bit halves of

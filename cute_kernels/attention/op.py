@@ -340,12 +340,14 @@ def _check_options(softmax_scale, window_size, softcap, dropout_p, alibi_slopes,
 
 
 def _window(causal: bool, window_size, unbounded: int) -> tuple[bool, int, int]:
-    """(local, left, right) for the kernel: unbounded sides as ``unbounded`` (past every key)."""
+    """(local, left, right) for the kernel: unbounded sides, and sides wider than
+    ``unbounded`` (past every key), as ``unbounded``, so that the kernels' 32-bit window
+    arithmetic never overflows."""
     left, right = window_size
     if causal:
         right = 0
     local = left >= 0 or right >= 0
-    return local, (left if left >= 0 else unbounded), (right if right >= 0 else unbounded)
+    return local, *(min(side, unbounded) if side >= 0 else unbounded for side in (left, right))
 
 
 class _FlashAttn(torch.autograd.Function):
