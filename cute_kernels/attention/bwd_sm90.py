@@ -34,8 +34,9 @@ Design:
     (``store_ds_t``, ``store_dq``): one XOR per column group instead of the per-element
     address arithmetic the compiler re-derives every step.
   - Masks as the forward's (``mask.py`` semantics and 32-bit keep masks, a row of S^T at a
-    time), on the transposed scores, only on the blocks an edge crosses; softcap turns S^T into its tanh in place and multiplies dP^T - D by
-    the tanh's derivative before P^T is formed (no extra fragment). dK and dQ carry the softmax scale (dK here, dQ in the
+    time), on the transposed scores, only on the blocks an edge crosses; softcap turns S^T
+    into its tanh in place and multiplies dP^T - D by the tanh's derivative before P^T is
+    formed (no extra fragment). dK and dQ carry the softmax scale (dK here, dQ in the
     launcher's final scaling of the accumulator).
 
 Tensors arrive in torch order: Q, dO, dQ_accum (fp32) (B, Sq, Hq, D), K, V, dK, dV
