@@ -12,7 +12,8 @@ Design:
     the forward's LSE (``lse_log2``, +inf for a row that saw no key), dS^T = P^T (dP^T - D),
     then dV += P^T dO and dK += dS^T Q with P^T and dS^T as register A operands (the forward's
     fragment views), accumulated in fp32 registers over all query blocks. The LSE and D of
-    each query block arrive in shared memory with its Q and dO (TMA, same pipeline stage).
+    each query block arrive in shared memory with its Q and dO (TMA, same pipeline stage);
+    each thread reads its queries' values into registers while S^T and dP^T are computed.
   - 128 queries per step at head dim 64 (``tile_m``; 64 elsewhere): half the steps, barriers
     and pipeline waits per FLOP. Its S^T and dP^T fragments (64 values each per thread) next
     to dK and dV leave no room for 32 LSE and 32 D values per thread, so there the two
@@ -32,7 +33,8 @@ Design:
     accumulator afterwards.
   - The dS^T and dQ stores to their SW128-swizzled tiles compute addresses in closed form
     (``store_ds_t``, ``store_dq``): one XOR per column group instead of the per-element
-    address arithmetic the compiler re-derives every step.
+    address arithmetic the compiler re-derives every step; odd rows store dQ's column groups
+    in another order, so no two rows of a half-warp's 64-bit store share a bank.
   - Masks as the forward's (``mask.py`` semantics and 32-bit keep masks, a row of S^T at a
     time), on the transposed scores, only on the blocks an edge crosses; softcap turns S^T
     into its tanh in place and multiplies dP^T - D by the tanh's derivative before P^T is
@@ -539,6 +541,8 @@ class FlashAttnBwdSm90:
         row = dq_coords[0, 0][0]
         dq_base = (sdQ.iterator.toint() + dq_wg * (self.dq_rows * self.dq_cols * 4) + row * 128 + 8 * (lane % 2)
                    + 16 * (((lane // 2) ^ row) & 1) + 16 * (row & 6))
+        dq_odd = (row & 1) == 1  # odd rows store their column groups in another order (store_dq)
+        dq_base = dq_base ^ (64 * (row & 1))
         tQsdQ = mma_dq.get_slice(tidx % 128).partition_C(sdQ[None, None, dq_wg])
         key0 = n_block * self.tile_n + wg * 64
         ds_ready = int(AttentionBwdBarrier.DS_READY)
@@ -555,14 +559,19 @@ class FlashAttnBwdSm90:
             pipe_qdo.consumer_wait(state)
             acc_s = cute.make_rmem_tensor(s_ops.partition_shape_C((64, tm)), Float32)
             acc_dp = cute.make_rmem_tensor(s_ops.partition_shape_C((64, tm)), Float32)
-            lse = rows_cols(tSsLSE[None, None, None, b])
-            dsum = rows_cols(tSsD[None, None, None, b])
             if const_expr(self.lse_in_acc):
+                lse = self.query_values(tSsLSE[None, None, None, b], acc_s)
                 self.start_columns(acc_s, lse, neg_inv_scale)
             warpgroup_gemm(mma_s, acc_s, tSrK, tSrQ[None, None, None, b], not self.lse_in_acc)
             if const_expr(self.lse_in_acc):
+                dsum = self.query_values(tSsD[None, None, None, b], acc_dp)
                 self.start_columns(acc_dp, dsum, Float32(-1.0))
             warpgroup_gemm(mma_s, acc_dp, tPrV, tPrdO[None, None, None, b], not self.lse_in_acc)
+            # The LSE and D of this thread's queries into registers while the GEMMs run (read
+            # after the waits, their shared-memory latency would follow S on the critical path).
+            if const_expr(not self.lse_in_acc):
+                lse = self.query_values(tSsLSE[None, None, None, b], acc_s)
+                dsum = self.query_values(tSsD[None, None, None, b], acc_dp)
             # P^T (while dP^T is computed), then dS^T; blocks on an edge also mask.
             self.probabilities_and_gradients(acc_s, acc_dp, coords, lse, dsum, scale_log2,
                                              softcap_prescale, key0, q0, seq, window_left,
@@ -581,7 +590,7 @@ class FlashAttnBwdSm90:
                 warpgroup_gemm(mma_kv, acc_dk, tKrdS, tKrQ[None, None, None, b], False)
                 warpgroup.wait_group(1)  # dV and dQ done, dK in flight
                 cute.arch.barrier(barrier_id=dq_empty, number_of_threads=160)
-                self.store_dq(acc_dq, tQsdQ, dq_base)
+                self.store_dq(acc_dq, tQsdQ, dq_base, dq_odd)
                 cute.arch.fence_view_async_shared()
                 cute.arch.barrier_arrive(barrier_id=dq_full, number_of_threads=160)
             else:
@@ -631,11 +640,23 @@ class FlashAttnBwdSm90:
         x = rows_cols(acc)
         queries, keys = self._counts(x)
         for i in cutlass.range_constexpr(queries):
-            r0, c0 = self._element(i, 0)
-            start = values[r0, c0] * factor
+            start = values[i] * factor
             for j in cutlass.range_constexpr(keys):
                 r, c = self._element(i, j)
                 x[r, c] = start
+
+    @cute.jit
+    def query_values(self, view, acc):
+        """Registers holding, for each query of this thread's score fragment ``acc``, its value
+        in ``view`` (the fragment's partition of the stage's LSE or D, broadcast over the keys),
+        loaded here."""
+        x = rows_cols(view)
+        queries, _ = self._counts(rows_cols(acc))
+        values = cute.make_rmem_tensor(queries, Float32)
+        for i in cutlass.range_constexpr(queries):
+            r0, c0 = self._element(i, 0)
+            values[i] = x[r0, c0]
+        return values
 
     @cute.jit
     def store_ds_t(self, tKrdS, base):
@@ -651,17 +672,23 @@ class FlashAttnBwdSm90:
             _st_shared(address, (packed[2 * j + 1],), half * (j // 8) + 1024)
 
     @cute.jit
-    def store_dq(self, acc_dq, tQsdQ, base):
+    def store_dq(self, acc_dq, tQsdQ, base, odd):
         """This warpgroup's dQ share (fp32 C fragment, index v0 + 2 v1 + 4 j) into its swizzled
         tile: columns 8 j + 2 (lane % 4) of row r at ``(base ^ 32 (j % 4)) + 8192 (j / 4)``,
-        row r + 8 1024 bytes further (32-column SW128 atoms of 8 KB). Other widths (head dim
-        96: 48 columns) go through the tile's own partition."""
+        row r + 8 1024 bytes further (32-column SW128 atoms of 8 KB). One 64-bit store covers
+        4 rows x 32 bytes per half-warp, and SW128 puts rows 2i and 2i + 1 of a column group on
+        the same banks: so odd rows store group j ^ 2 where even rows store j (``base`` comes
+        XOR-ed with 64 for them), and every half-warp's store hits all 32 banks once. Other
+        widths (head dim 96: 48 columns) go through the tile's own partition."""
         if const_expr(self.dq_cols % 32 == 0):
             for j in cutlass.range_constexpr(cute.size(acc_dq) // 4):
+                other = (j % 4 ^ 2) + 4 * (j // 4)
                 address = base ^ (32 * (j % 4))
                 for v1 in cutlass.range_constexpr(2):
-                    _st_shared(address, (acc_dq[4 * j + 2 * v1], acc_dq[4 * j + 2 * v1 + 1]),
-                               8192 * (j // 4) + 1024 * v1)
+                    mine, theirs = 4 * j + 2 * v1, 4 * other + 2 * v1
+                    values = (cutlass.select_(odd, acc_dq[theirs], acc_dq[mine]),
+                              cutlass.select_(odd, acc_dq[theirs + 1], acc_dq[mine + 1]))
+                    _st_shared(address, values, 8192 * (j // 4) + 1024 * v1)
         else:
             cute.autovec_copy(acc_dq, tQsdQ)
 
@@ -730,8 +757,7 @@ class FlashAttnBwdSm90:
         s = rows_cols(acc_s)
         queries, keys = self._counts(s)
         for i in cutlass.range_constexpr(queries):
-            r0, c0 = self._element(i, 0)
-            row_lse = lse[r0, c0]
+            row_lse = None if const_expr(self.lse_in_acc) else lse[i]
             for j in cutlass.range_constexpr(keys):
                 r, c = self._element(i, j)
                 score = s[r, c]
@@ -748,8 +774,7 @@ class FlashAttnBwdSm90:
         x, dp = rows_cols(acc_x), rows_cols(acc_dp)
         queries, keys = self._counts(x)
         for i in cutlass.range_constexpr(queries):
-            r0, c0 = self._element(i, 0)
-            row_d = dsum[r0, c0]
+            row_d = None if const_expr(self.lse_in_acc and not softcap) else dsum[i]
             for j in cutlass.range_constexpr(keys):
                 r, c = self._element(i, j)
                 if const_expr(softcap):

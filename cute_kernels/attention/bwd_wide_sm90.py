@@ -163,8 +163,8 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
             acc_dp = cute.make_rmem_tensor(s_ops.partition_shape_C((tm, wk)), Float32)
             warpgroup_gemm(mma_s, acc_s, tSrQ[None, None, None, b], tSrK, True)
             warpgroup_gemm(mma_s, acc_dp, tSrdO[None, None, None, db], tSrV, True)
-            lse = rows_cols(tSsLSE[None, None, None, b])
-            dsum = rows_cols(tSsD[None, None, None, db])
+            lse = self.query_values(tSsLSE[None, None, None, b], acc_s)
+            dsum = self.query_values(tSsD[None, None, None, db], acc_dp)
             self.probabilities_and_gradients(acc_s, acc_dp, coords, lse, dsum, scale_log2,
                                              softcap_prescale, key0, q0, seq, window_left,
                                              window_right)
