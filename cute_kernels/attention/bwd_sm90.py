@@ -31,6 +31,9 @@ Design:
     over the whole head dim.
   - D comes from the preprocess kernel (``preprocess.py``); the op scales and converts the dQ
     accumulator afterwards.
+  - dK and dV leave through shared memory (K's and V's tiles, once every GEMM on them is done)
+    and a TMA store each (``store_kv_tma``); varlen's partial last block of a sequence, which a
+    TMA store would write past, with 32-bit stores of column pairs (``store_kv``).
   - The dS^T and dQ stores to their SW128-swizzled tiles compute addresses in closed form
     (``store_ds_t``, ``store_dq``): one XOR per column group instead of the per-element
     address arithmetic the compiler re-derives every step; odd rows store dQ's column groups
@@ -211,6 +214,9 @@ class FlashAttnBwdSm90:
         tma_dq, tma_tensor_dq = cpasync.make_tiled_tma_atom(
             cpasync.CopyReduceBulkTensorTileS2GOp(), dq,
             cute.slice_(self.sdQ_layout, (None, None, 0)), (self.dq_rows, self.dq_cols))
+        store = cpasync.CopyBulkTensorTileS2GOp()
+        tma_dk, tma_tensor_dk = cpasync.make_tiled_tma_atom(store, dk, self.sK_layout, (tn, d))
+        tma_dv, tma_tensor_dv = cpasync.make_tiled_tma_atom(store, dv, self.sK_layout, (tn, d))
         self.qdo_bytes = 2 * cute.size_in_bytes(self.dtype, one_stage) + 2 * tm * 4
         if const_expr(self.do_stages > 0):  # Q and its LSE; dO and its D on their own
             self.qdo_bytes = self.qdo_bytes // 2
@@ -237,8 +243,8 @@ class FlashAttnBwdSm90:
         grid = (cute.ceil_div(max_seqlen_k, tn), heads_kv, batches)
         self.kernel(
             tma_q, tma_tensor_q, tma_do, tma_tensor_do, tma_k, tma_tensor_k, tma_v, tma_tensor_v,
-            tma_lse, tma_tensor_lse, tma_dsum, tma_tensor_dsum, tma_dq, tma_tensor_dq, dk, dv,
-            mCuSeqlensQ, mCuSeqlensK, mSem, q.shape[0], k.shape[0], heads, heads_kv, scale_log2,
+            tma_lse, tma_tensor_lse, tma_dsum, tma_tensor_dsum, tma_dq, tma_tensor_dq,
+            (dk, dv, tma_dk, tma_tensor_dk, tma_dv, tma_tensor_dv), mCuSeqlensQ, mCuSeqlensK, mSem, q.shape[0], k.shape[0], heads, heads_kv, scale_log2,
             softcap_prescale, dk_scale, window_left, window_right, self.sQ_layout,
             self.sK_layout, self.sdS_layout, self.sdQ_layout, self.sdO_layout, self.mma_s,
             self.mma_kv, self.mma_dq,
@@ -248,7 +254,7 @@ class FlashAttnBwdSm90:
 
     @cute.kernel
     def kernel(self, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE, tma_dsum, mD,
-               tma_dq, mdQ, mdK, mdV, mCuSeqlensQ, mCuSeqlensK, mSem, seqlen_q_static: Int32,
+               tma_dq, mdQ, kv_out, mCuSeqlensQ, mCuSeqlensK, mSem, seqlen_q_static: Int32,
                seqlen_k_static: Int32, heads: Int32, heads_kv: Int32, scale_log2: Float32,
                softcap_prescale: Float32, dk_scale: Float32, window_left: Int32,
                window_right: Int32, sQ_layout: cute.ComposedLayout,
@@ -305,7 +311,7 @@ class FlashAttnBwdSm90:
                     self.reduce_dq(tma_dq, mdQ, sdQ, mSem, work, window_right)
             else:
                 cute.arch.setmaxregister_increase(MMA_REGISTERS)
-                self.mma(mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, mdK, mdV,
+                self.mma(mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, kv_out,
                          pipe_kv, pipe_qdo, pipe_do, work, scale_log2, softcap_prescale, dk_scale,
                          window_left, window_right, tidx - 128)
 
@@ -490,7 +496,7 @@ class FlashAttnBwdSm90:
         cute.arch.cp_async_bulk_wait_group(0, read=False)
 
     @cute.jit
-    def mma(self, mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, mdK, mdV, pipe_kv,
+    def mma(self, mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, kv_out, pipe_kv,
             pipe_qdo, pipe_do, work, scale_log2, softcap_prescale, dk_scale, window_left, window_right,
             tidx):
         """MMA warpgroups: 64 keys each, over every step; then dK and dV out."""
@@ -602,9 +608,17 @@ class FlashAttnBwdSm90:
         # dK, dV out (softmax scale on dK; dQ's comes with the accumulator's final scaling).
         for j in cutlass.range(cute.size(acc_dk), unroll_full=True):
             acc_dk[j] = acc_dk[j] * dk_scale
-        tile, coord, row0 = (64, d), (n_block * 2 + wg, 0), n_block * self.tile_n + wg * 64
-        self.store_kv(mma_kv, acc_dk, mdK, seq, head_kv, batch, tile, coord, row0, tidx)
-        self.store_kv(mma_kv, acc_dv, mdV, seq, head_kv, batch, tile, coord, row0, tidx)
+        if const_expr(self.config.varlen):  # TMA would write past a partial block's sequence
+            if (n_block + 1) * self.tile_n <= seq.seqlen_k:
+                self.store_kv_tma(mma_kv, acc_dk, acc_dv, sK, sV, kv_out, seq, head_kv, batch,
+                                  n_block, wg, tidx)
+            else:
+                tile, coord, row0 = (64, d), (n_block * 2 + wg, 0), n_block * self.tile_n + wg * 64
+                self.store_kv(mma_kv, acc_dk, kv_out[0], seq, head_kv, batch, tile, coord, row0, tidx)
+                self.store_kv(mma_kv, acc_dv, kv_out[1], seq, head_kv, batch, tile, coord, row0, tidx)
+        else:
+            self.store_kv_tma(mma_kv, acc_dk, acc_dv, sK, sV, kv_out, seq, head_kv, batch, n_block,
+                              wg, tidx)
 
     @cute.jit
     def probabilities_and_gradients(self, acc_s, acc_dp, coords, lse, dsum, scale_log2,
@@ -783,6 +797,33 @@ class FlashAttnBwdSm90:
                     dp[r, c] = x[r, c] * dp[r, c]
                 else:
                     dp[r, c] = x[r, c] * (dp[r, c] - row_d)
+
+    @cute.jit
+    def store_kv_tma(self, mma_kv, acc_dk, acc_dv, sK, sV, kv_out, seq, head_kv, batch, n_block,
+                     wg, tidx):
+        """dK and dV of the CTA's key block out through shared memory (K's and V's tiles,
+        free once both warpgroups' last GEMMs are done) and one TMA store each, rows past the
+        tensor's end clipped by the TMA."""
+        mdK, mdV, tma_dk, mdK_tma, tma_dv, mdV_tma = kv_out
+        d, tn = self.head_dim, self.tile_n
+        ready = int(AttentionBwdBarrier.DS_READY)
+        cute.arch.barrier(barrier_id=ready, number_of_threads=256)  # every GEMM on K, V done
+        thr = mma_kv.get_slice(tidx % 128)
+        for acc, s in ((acc_dk, sK), (acc_dv, sV)):
+            out = cute.make_rmem_tensor(acc.shape, self.dtype)
+            convert_pairs(acc, out)
+            cute.autovec_copy(out, thr.partition_C(cute.local_tile(s, (64, d), (wg, 0))))
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=ready, number_of_threads=256)
+        if cute.arch.make_warp_uniform(tidx // 32) == 0:
+            one = cute.make_layout(1)
+            for tma, m, s in ((tma_dk, mdK_tma, sK), (tma_dv, mdV_tma, sV)):
+                g = cute.local_tile(self._rows(m, seq.offset_k, head_kv, batch), (tn, d), (n_block, 0))
+                ts, tg = cpasync.tma_partition(tma, 0, one, cute.group_modes(s, 0, 2),
+                                               cute.group_modes(g, 0, 2))
+                cute.copy(tma, ts, tg)
+            cute.arch.cp_async_bulk_commit_group()
+            cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
     def store_kv(self, mma_kv, acc, mOut, seq, head_kv, batch, tile, coord, row0, tidx):

@@ -107,8 +107,8 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
         self.mma_dq = mma(MN, MN, self.dq_cols)  # dQ: tm queries x D / 2
 
     @cute.jit
-    def mma(self, mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sPdS, sdQ, sLSE, sD, mdK, mdV,
-            pipe_kv, pipe_q, pipe_do, work, scale_log2, softcap_prescale, dk_scale, window_left,
+    def mma(self, mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sPdS, sdQ, sLSE, sD, kv_out, pipe_kv,
+            pipe_q, pipe_do, work, scale_log2, softcap_prescale, dk_scale, window_left,
             window_right, tidx):
         """MMA warpgroups: scores, dK and dV for their half of the keys, dQ for their half of
         D."""
@@ -195,8 +195,8 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
             head, m_block, left = self._next_step(work, head, m_block, left)
         for j in cutlass.range(cute.size(acc_dk), unroll_full=True):
             acc_dk[j] = acc_dk[j] * dk_scale
-        self.store_kv_t(mma_kv, acc_dk, mdK, seq, n_block, head_kv, batch, wg, tidx)
-        self.store_kv_t(mma_kv, acc_dv, mdV, seq, n_block, head_kv, batch, wg, tidx)
+        self.store_kv_t(mma_kv, acc_dk, kv_out[0], seq, n_block, head_kv, batch, wg, tidx)
+        self.store_kv_t(mma_kv, acc_dv, kv_out[1], seq, n_block, head_kv, batch, wg, tidx)
 
     @cute.jit
     def store_kv_t(self, mma_kv, acc, mOut, seq, n_block, head_kv, batch, wg, tidx):
