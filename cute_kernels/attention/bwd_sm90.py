@@ -244,7 +244,9 @@ class FlashAttnBwdSm90:
         self.kernel(
             tma_q, tma_tensor_q, tma_do, tma_tensor_do, tma_k, tma_tensor_k, tma_v, tma_tensor_v,
             tma_lse, tma_tensor_lse, tma_dsum, tma_tensor_dsum, tma_dq, tma_tensor_dq,
-            (dk, dv, tma_dk, tma_tensor_dk, tma_dv, tma_tensor_dv), mCuSeqlensQ, mCuSeqlensK, mSem, q.shape[0], k.shape[0], heads, heads_kv, scale_log2,
+            # dK and dV: the tensors (varlen's partial blocks) and their TMA stores
+            (dk, dv, tma_dk, tma_tensor_dk, tma_dv, tma_tensor_dv), mCuSeqlensQ, mCuSeqlensK,
+            mSem, q.shape[0], k.shape[0], heads, heads_kv, scale_log2,
             softcap_prescale, dk_scale, window_left, window_right, self.sQ_layout,
             self.sK_layout, self.sdS_layout, self.sdQ_layout, self.sdO_layout, self.mma_s,
             self.mma_kv, self.mma_dq,
@@ -613,9 +615,10 @@ class FlashAttnBwdSm90:
                 self.store_kv_tma(mma_kv, acc_dk, acc_dv, sK, sV, kv_out, seq, head_kv, batch,
                                   n_block, wg, tidx)
             else:
-                tile, coord, row0 = (64, d), (n_block * 2 + wg, 0), n_block * self.tile_n + wg * 64
-                self.store_kv(mma_kv, acc_dk, kv_out[0], seq, head_kv, batch, tile, coord, row0, tidx)
-                self.store_kv(mma_kv, acc_dv, kv_out[1], seq, head_kv, batch, tile, coord, row0, tidx)
+                tile, coord = (64, d), (n_block * 2 + wg, 0)
+                row0 = n_block * self.tile_n + wg * 64
+                for acc, out in ((acc_dk, kv_out[0]), (acc_dv, kv_out[1])):
+                    self.store_kv(mma_kv, acc, out, seq, head_kv, batch, tile, coord, row0, tidx)
         else:
             self.store_kv_tma(mma_kv, acc_dk, acc_dv, sK, sV, kv_out, seq, head_kv, batch, n_block,
                               wg, tidx)
@@ -804,7 +807,7 @@ class FlashAttnBwdSm90:
         """dK and dV of the CTA's key block out through shared memory (K's and V's tiles,
         free once both warpgroups' last GEMMs are done) and one TMA store each, rows past the
         tensor's end clipped by the TMA."""
-        mdK, mdV, tma_dk, mdK_tma, tma_dv, mdV_tma = kv_out
+        _, _, tma_dk, mdK, tma_dv, mdV = kv_out
         d, tn = self.head_dim, self.tile_n
         ready = int(AttentionBwdBarrier.DS_READY)
         cute.arch.barrier(barrier_id=ready, number_of_threads=256)  # every GEMM on K, V done
@@ -817,8 +820,9 @@ class FlashAttnBwdSm90:
         cute.arch.barrier(barrier_id=ready, number_of_threads=256)
         if cute.arch.make_warp_uniform(tidx // 32) == 0:
             one = cute.make_layout(1)
-            for tma, m, s in ((tma_dk, mdK_tma, sK), (tma_dv, mdV_tma, sV)):
-                g = cute.local_tile(self._rows(m, seq.offset_k, head_kv, batch), (tn, d), (n_block, 0))
+            for tma, m, s in ((tma_dk, mdK, sK), (tma_dv, mdV, sV)):
+                rows = self._rows(m, seq.offset_k, head_kv, batch)
+                g = cute.local_tile(rows, (tn, d), (n_block, 0))
                 ts, tg = cpasync.tma_partition(tma, 0, one, cute.group_modes(s, 0, 2),
                                                cute.group_modes(g, 0, 2))
                 cute.copy(tma, ts, tg)
