@@ -466,8 +466,8 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: flo
         dropout_p, alibi_slopes: accepted for compatibility; only 0.0 and None.
         deterministic: the backward sums dQ over key blocks in one fixed order (semaphores
             between the CTAs of a head), so gradients are bit-identical from run to run; the
-            forward always is. Measured cost: 3-5% of the backward at hdim 128, S = 4096
-            (benchmarks/NOTES.md).
+            forward always is. Measured cost on an H100: 11-15% of the backward at hdim 128,
+            S = 4096 (less causal than full), ~0 at hdim 64 (benchmarks/NOTES.md).
         return_lse: also return the log-sum-exp of each row's scores, fp32 (B, Hq, Sq).
 
     Returns ``out`` (B, Sq, Hq, D) in q's dtype, or ``(out, lse)``. A row that sees no key
