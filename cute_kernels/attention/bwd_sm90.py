@@ -561,6 +561,9 @@ class FlashAttnBwdSm90:
         pipe_kv.consumer_wait(kv_state)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, st)
         head, m_block, left = self._first_step(work)
+        # Whether a step's block needs masking, decided at the end of the step before (off
+        # the path from S's wait to the exponentials)
+        edge = self.on_edge(key0, m_block * tm, seq, window_left, window_right)
         for _ in range(steps):
             q0 = m_block * tm
             b = state.index
@@ -583,7 +586,7 @@ class FlashAttnBwdSm90:
             # P^T (while dP^T is computed), then dS^T; blocks on an edge also mask.
             self.probabilities_and_gradients(acc_s, acc_dp, coords, lse, dsum, scale_log2,
                                              softcap_prescale, key0, q0, seq, window_left,
-                                             window_right)
+                                             window_right, edge)
             convert_pairs(as_operand_a(acc_s), tVrP)
             warpgroup_gemm(mma_kv, acc_dv, tVrP, tVrdO[None, None, None, b], False)
             convert_pairs(as_operand_a(acc_dp), tKrdS)
@@ -607,6 +610,7 @@ class FlashAttnBwdSm90:
             pipe_qdo.consumer_release(state)
             state.advance()
             head, m_block, left = self._next_step(work, head, m_block, left)
+            edge = self.on_edge(key0, m_block * tm, seq, window_left, window_right)
         # dK, dV out (softmax scale on dK; dQ's comes with the accumulator's final scaling).
         for j in cutlass.range(cute.size(acc_dk), unroll_full=True):
             acc_dk[j] = acc_dk[j] * dk_scale
@@ -625,13 +629,13 @@ class FlashAttnBwdSm90:
 
     @cute.jit
     def probabilities_and_gradients(self, acc_s, acc_dp, coords, lse, dsum, scale_log2,
-                                    softcap_prescale, key0, q0, seq, window_left, window_right):
+                                    softcap_prescale, key0, q0, seq, window_left, window_right,
+                                    mask):
         """P in place of the scores (the S GEMM, the next to last wgmma group, waited for
         first) and dS = P (dP - D) in place of dP (the last group), masked where this
-        warpgroup's block is on an edge. Softcap: S -> tanh(S * scale / cap) (P's exponent is
-        that times cap), dP -> (dP - D) times the tanh's derivative, then P as without
-        softcap and dS = P dP."""
-        mask = self.on_edge(key0, q0, seq, window_left, window_right)
+        warpgroup's block is on an edge (``mask``: ``on_edge``). Softcap: S -> tanh(S *
+        scale / cap) (P's exponent is that times cap), dP -> (dP - D) times the tanh's
+        derivative, then P as without softcap and dS = P dP."""
         if const_expr(self.config.softcap):
             warpgroup.wait_group(1)
             for j in cutlass.range(cute.size(acc_s), unroll_full=True):

@@ -154,6 +154,7 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, st)
         do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, do_st)
         head, m_block, left = self._first_step(work)
+        edge = self.on_edge(key0, m_block * tm, seq, window_left, window_right)  # see bwd_sm90
         for i in range(steps):
             q0 = m_block * tm
             b, db = state.index, do_state.index
@@ -167,7 +168,7 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
             dsum = self.query_values(tSsD[None, None, None, db], acc_dp)
             self.probabilities_and_gradients(acc_s, acc_dp, coords, lse, dsum, scale_log2,
                                              softcap_prescale, key0, q0, seq, window_left,
-                                             window_right)
+                                             window_right, edge)
             p = 2 * b if const_expr(self.score_buffers == 2) else 0
             if const_expr(self.score_buffers == 1):
                 if i > 0:  # both warpgroups' GEMMs of the previous step are done
@@ -193,6 +194,7 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
             cute.arch.barrier_arrive(barrier_id=dq_full, number_of_threads=160)
             state.advance()
             head, m_block, left = self._next_step(work, head, m_block, left)
+            edge = self.on_edge(key0, m_block * tm, seq, window_left, window_right)
         for j in cutlass.range(cute.size(acc_dk), unroll_full=True):
             acc_dk[j] = acc_dk[j] * dk_scale
         self.store_kv_t(mma_kv, acc_dk, kv_out[0], seq, n_block, head_kv, batch, wg, tidx)
