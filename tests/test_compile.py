@@ -137,7 +137,7 @@ ATTENTION = [case for case in ATTENTION_ALL if case[0].__name__.startswith("Flas
              and (case[2][0].dtype == "bfloat16" or not (case[1].softcap or case[1].varlen
                                                          or case[1].head_dim != 128
                                                          or case[0].__name__.startswith("FlashAttnBwd")))]
-ROW_DOT = [case for case in ATTENTION_ALL if case[0].__name__ == "RowDotSm90"]
+ROW_PASSES = [case for case in ATTENTION_ALL if case[0].__name__.startswith(("BwdPrepare", "BwdFinish"))]
 
 
 def _attention_id(case):
@@ -172,12 +172,15 @@ def test_inspect_keeps_the_machine_code_on_request():
     assert not inspect_kernel(kernel, config, specs, arch="sm_90a").cubins
 
 
-@pytest.mark.parametrize("case", ROW_DOT, ids=[_id(c) for c in ROW_DOT])
-def test_attention_preprocess_reads_16_byte_vectors_without_spills(case):
+@pytest.mark.parametrize("case", ROW_PASSES, ids=[f"{c[0].__name__}-{c[1].label.replace(' ', '-')}-{c[2][1].dtype}"
+                                                  for c in ROW_PASSES])
+def test_attention_row_passes_move_16_byte_vectors_without_spills(case):
     kernel, config, specs = case
     report = inspect_kernel(kernel, config, specs, arch="sm_90a")
-    assert report.has("ld.global.v4"), "O and dO rows must be read in 16-byte vectors"
-    assert "shfl.sync.bfly" in report.ptx, "the row sum is reduced by warp shuffles"
+    assert report.has("ld.global.v4"), "rows must be read in 16-byte vectors"
+    assert report.has("st.global.v4"), "rows must be written in 16-byte vectors"
+    if kernel.__name__.startswith("BwdPrepare"):
+        assert "shfl.sync.bfly" in report.ptx, "the row sum is reduced by warp shuffles"
     assert not report.local_memory, f"local memory / spills: {report.summary()}"
 
 

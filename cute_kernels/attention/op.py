@@ -57,17 +57,22 @@ def bwd_kernel_specs(dtype: str, head_dim: int, varlen: bool) -> tuple:
     return (qkv, qkv, qkv, qkv, rows, rows, dq, qkv, qkv, cu, cu, semaphores) + scalars + (StreamSpec(),)
 
 
-def row_dot_config(head_dim: int):
-    """The preprocess kernel's row tiling: rows of ``head_dim`` 16-bit values, two held."""
-    from ..rowwise.config import row_config
+def bwd_rows_specs(dtype: str, head_dim: int) -> dict:
+    """The argument signatures of the backward's row passes (``preprocess.py``), by class name."""
+    rows = _qkv_spec(dtype, head_dim, False)  # O, dO, dQ: (B, S, H, D); varlen with B = 1
+    stats = TensorSpec("float32", (Sym(),) * 3, (Sym(), Sym(), 1), 4)  # (B, H, S)
+    acc = TensorSpec("float32", (Sym(),) * 3 + (head_dim,), (Sym(divisibility=4),) * 3 + (1,), 16)
+    return {"BwdPrepareSm90": (rows, rows, stats, stats, stats, acc, StreamSpec()),
+            "BwdFinishSm90": (acc, rows, ScalarSpec("float32"), StreamSpec())}
 
-    return row_config(head_dim, 8, 2, tensors_held=2)
 
+def _bwd_rows_configurations(dims, dtypes) -> list:
+    from .preprocess import BwdFinishSm90, BwdPrepareSm90, BwdRowsConfig
 
-def row_dot_specs(dtype: str, head_dim: int) -> tuple:
-    """The argument signature of the preprocess kernel (``RowDotSm90.__call__``)."""
-    rows = TensorSpec.rowmajor(dtype, (Sym("m"), head_dim), ALIGN)
-    return (rows, rows, TensorSpec("float32", (Sym("m"),), (1,), 4), StreamSpec())
+    return ([(BwdPrepareSm90, BwdRowsConfig(d, with_lse), bwd_rows_specs(dtype, d)["BwdPrepareSm90"])
+             for d in dims for dtype in dtypes for with_lse in (True, False)]
+            + [(BwdFinishSm90, BwdRowsConfig(d), bwd_rows_specs(dtype, d)["BwdFinishSm90"])
+               for d in dims for dtype in dtypes])
 
 
 def compile_configurations(quick: bool = False) -> list:
@@ -87,15 +92,12 @@ def compile_configurations(quick: bool = False) -> list:
     bwd = all_bwd_configs()
     if quick:
         bwd = [c for c in bwd if c.head_dim == 128 and not c.softcap and not c.varlen]
-    from .preprocess import RowDotSm90
-
     dims = (128,) if quick else HEAD_DIMS
     return ([(FlashAttnFwdSm90, cfg, kernel_specs(dtype, cfg.head_dim, cfg.varlen))
              for cfg in configs for dtype in dtypes]
             + [(_bwd_class(cfg.head_dim), cfg, bwd_kernel_specs(dtype, cfg.head_dim, cfg.varlen))
                for cfg in bwd for dtype in dtypes]
-            + [(RowDotSm90, row_dot_config(d), row_dot_specs(dtype, d))
-               for d in dims for dtype in dtypes])
+            + _bwd_rows_configurations(dims, dtypes))
 
 
 def self_checks():
@@ -177,8 +179,10 @@ def flash_attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                    softcap: float, deterministic: bool) -> None:
     """dq, dk, dv of :func:`flash_attn_fwd` for validated inputs (its layouts and options).
 
-    D = rowsum(dO * O) and the LSE in log2 units (+inf for rows that saw no key) are prepared
-    here, the kernel adds dQ into a zeroed fp32 accumulator, which is scaled into ``dq``.
+    Three launches: a row pass (``preprocess.py``) writes D = rowsum(dO * O) and the LSE in
+    log2 units (+inf for rows that saw no key) where the main kernel reads them and zeroes an
+    fp32 dQ accumulator; the main kernel adds dQ into it; a second row pass scales it into
+    ``dq``.
     ``deterministic``: the adds go in a fixed order, through one zeroed int32 semaphore per
     (sequence, query head, block of 64 queries)."""
     varlen = cu_seqlens_q is not None
@@ -190,15 +194,18 @@ def flash_attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
         scale_log2, prescale = softcap * LOG2_E, softmax_scale / softcap
     else:
         scale_log2, prescale = softmax_scale * LOG2_E, 1.0
-    rowsum = _row_dot(out, dout).view(out.shape[:-1])  # (B, S, H) or (total, H)
+    dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    rows = (lambda t: t.unsqueeze(0)) if varlen else (lambda t: t)  # (B, S, H, D)
+    out_rows, dout_rows = _aligned(rows(out)), _aligned(rows(dout))
+    prepare = _compiled("bwd_prepare", (head_dim, not varlen), q.dtype, q.device.index)
     if varlen:
-        lse_log2, dsum = _varlen_rows(lse, rowsum.transpose(0, 1), cu_seqlens_q)
+        dsum_rows = torch.empty(1, *lse.shape, dtype=torch.float32, device=q.device)
+        prepare(out_rows, dout_rows, dsum_rows, dsum_rows, dsum_rows, rows(dq_accum))
+        lse_log2, dsum = _varlen_rows(lse, dsum_rows[0], cu_seqlens_q)
+        lse_log2.masked_fill_(torch.isneginf(lse_log2), math.inf)
     else:
         lse_log2, dsum = _padded_rows(lse), _padded_rows(lse)
-        torch.mul(lse, LOG2_E, out=lse_log2)
-        dsum.copy_(rowsum.transpose(1, 2))
-    lse_log2.masked_fill_(torch.isneginf(lse_log2), math.inf)
-    dq_accum = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        prepare(out_rows, dout_rows, lse, lse_log2, dsum, dq_accum)
     if deterministic:
         batches = cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0]
         semaphores = torch.zeros(batches, q.shape[-2], -(-max_seqlen_q // config.tile_m),
@@ -208,14 +215,19 @@ def flash_attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     kernel(_aligned(q), _aligned(k), _aligned(v), _aligned(dout), lse_log2, dsum,
            dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k, semaphores, scale_log2, prescale,
            softmax_scale, window_left, window_right, max_seqlen_k)
-    torch.mul(dq_accum, softmax_scale, out=dq)
+    dq_rows = _aligned(rows(dq))
+    _compiled("bwd_finish", (head_dim, True), q.dtype, q.device.index)(
+        rows(dq_accum), dq_rows, softmax_scale)
+    if dq_rows.data_ptr() != dq.data_ptr():  # dQ's own strides were not on 16 bytes
+        dq.copy_(dq_rows.view(dq.shape))
 
 
 @functools.lru_cache(maxsize=None)
 def _compiled(kind: str, config, dtype: torch.dtype, device_index: int):
-    """The compiled kernel of ``kind`` ("fwd", "bwd", "row_dot": then ``config`` is the head
-    dim) for a configuration and dtype on a device: the compile cache's lookup, which builds
-    and hashes the argument specs (tens of microseconds of host time), once per process."""
+    """The compiled kernel of ``kind`` ("fwd", "bwd"; "bwd_prepare", "bwd_finish": then
+    ``config`` is (head dim, with the LSE)) for a configuration and dtype on a device: the
+    compile cache's lookup, which builds and hashes the argument specs (tens of microseconds of
+    host time), once per process."""
     name = dtype_name(dtype)
     if kind == "fwd":
         from .fwd_sm90 import FlashAttnFwdSm90  # the kernel modules: imported at the first compile
@@ -224,9 +236,12 @@ def _compiled(kind: str, config, dtype: torch.dtype, device_index: int):
     if kind == "bwd":
         return get_kernel(_bwd_class(config.head_dim), config,
                           bwd_kernel_specs(name, config.head_dim, config.varlen))
-    from .preprocess import RowDotSm90
+    from . import preprocess
 
-    return get_kernel(RowDotSm90, row_dot_config(config), row_dot_specs(name, config))
+    cls = preprocess.BwdPrepareSm90 if kind == "bwd_prepare" else preprocess.BwdFinishSm90
+    head_dim, with_lse = config
+    return get_kernel(cls, preprocess.BwdRowsConfig(head_dim, with_lse),
+                      bwd_rows_specs(name, head_dim)[cls.__name__])
 
 
 def _bwd_class(head_dim: int):
@@ -238,17 +253,6 @@ def _bwd_class(head_dim: int):
     from .bwd_sm90 import FlashAttnBwdSm90
 
     return FlashAttnBwdSm90
-
-
-def _row_dot(out: torch.Tensor, dout: torch.Tensor) -> torch.Tensor:
-    """D = rowsum(dout * out) in fp32, one value per (token, head) row, by the preprocess kernel."""
-    head_dim = out.shape[-1]
-    rows_o, rows_do = out.reshape(-1, head_dim), dout.reshape(-1, head_dim)
-    dsum = torch.empty(rows_o.shape[0], dtype=torch.float32, device=out.device)
-    if dsum.numel():
-        kernel = _compiled("row_dot", head_dim, out.dtype, out.device.index)
-        kernel(_aligned(rows_o), _aligned(rows_do), dsum)
-    return dsum
 
 
 def _varlen_rows(lse: torch.Tensor, dsum: torch.Tensor, cu_seqlens_q: torch.Tensor):
