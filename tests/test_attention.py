@@ -386,6 +386,36 @@ def test_backward_varlen_deterministic_is_bit_identical(causal):
 
 
 @gpu
+@pytest.mark.parametrize("dim", [64, 96, 128])
+@pytest.mark.parametrize("kw", [{"causal": True}, {"window_size": (20, 0)}, {"window_size": (0, 10)},
+                                {"deterministic": True, "causal": True}])
+def test_backward_varlen_gradient_buffers_poisoned_with_nan_are_fully_written(dim, kw):
+    # rows no key block reaches (no keys in the sequence, a window left of every key, Sq > Sk
+    # under a causal mask) and key blocks no query reaches still get their gradients written
+    from cute_kernels.attention.op import _window, flash_attn_bwd
+
+    lens_q, lens_k = [300, 0, 130, 77, 5, 200], [100, 3, 0, 200, 5, 60]
+    cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).int()
+    cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).int()
+    q = torch.randn(sum(lens_q), 4, dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(sum(lens_k), 2, dim, device="cuda", dtype=torch.bfloat16)
+    v, dout = torch.randn_like(k), torch.randn_like(q)
+    deterministic = kw.pop("deterministic", False)
+    out, lse = ck.flash_attn_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_lse=True,
+                                    **kw)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    local, left, right = _window(kw.get("causal", False), kw.get("window_size", (-1, -1)),
+                                 max(lens_q) + max(lens_k))
+    flash_attn_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max(lens_q), max(lens_k),
+                   dim ** -0.5, local, left, right, 0.0, deterministic)
+    ref = grads(lambda *t: attention_varlen_ref(*t, cu_q, cu_k, **kw)[0], q.double(), k.double(),
+                v.double(), dout.double())
+    for name, a, r in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
+        assert not a.isnan().any(), name
+        assert (a.double() - r).abs().max().item() <= 2e-2 * r.abs().max().item() + 1e-3, name
+
+
+@gpu
 @pytest.mark.parametrize("dim", [64, 128, 256])
 def test_backward_gradient_buffers_poisoned_with_nan_are_fully_written(dim):
     from cute_kernels.attention.op import flash_attn_bwd
