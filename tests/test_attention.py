@@ -54,6 +54,15 @@ def qkv(batch, sq, sk, hq, hkv, dim, dtype=torch.bfloat16, scale=1.0, shift=0.0)
     return q, k, v
 
 
+def varlen_qkv(lens_q, lens_k, hq, hkv, dim):
+    """cu_seqlens_q, cu_seqlens_k (int32) and packed q, k, v for sequences of these lengths."""
+    cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).int()
+    cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).int()
+    q = torch.randn(sum(lens_q), hq, dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(sum(lens_k), hkv, dim, device="cuda", dtype=torch.bfloat16)
+    return cu_q, cu_k, q, k, torch.randn_like(k)
+
+
 def check(q, k, v, **kw):
     out, lse = ck.flash_attn(q, k, v, return_lse=True, **kw)
     ref, ref_lse = attention_ref(q, k, v, **kw)
@@ -193,11 +202,7 @@ def test_rows_that_see_no_key():
 @pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (40, 8)}, {"softcap": 10.0}])
 def test_varlen(dim, kw):
     lens_q, lens_k = [5, 0, 300, 128, 1, 77], [7, 3, 300, 0, 200, 77]
-    cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).int()
-    cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).int()
-    q = torch.randn(sum(lens_q), 4, dim, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(sum(lens_k), 2, dim, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
+    cu_q, cu_k, q, k, v = varlen_qkv(lens_q, lens_k, 4, 2, dim)
     out, lse = ck.flash_attn_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_lse=True, **kw)
     ref, ref_lse = attention_varlen_ref(q, k, v, cu_q, cu_k, **kw)
     lowp = torch.zeros_like(q)
@@ -328,11 +333,7 @@ def test_backward_long_and_fp16(causal):
 @pytest.mark.parametrize("dim", [64, 128, 192, 256])
 def test_backward_varlen(kw, dim):
     lens_q, lens_k = [5, 0, 300, 128, 1, 77], [7, 3, 300, 0, 200, 77]
-    cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).int()
-    cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).int()
-    q = torch.randn(sum(lens_q), 4, dim, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(sum(lens_k), 2, dim, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
+    cu_q, cu_k, q, k, v = varlen_qkv(lens_q, lens_k, 4, 2, dim)
     dout = torch.randn_like(q)
     ours = grads(lambda *t: ck.flash_attn_varlen(*t, cu_q, cu_k, max(lens_q), max(lens_k), **kw),
                  q, k, v, dout)
@@ -366,11 +367,7 @@ def test_backward_deterministic_is_bit_identical_and_correct(kw, sq, sk, dim):
 @pytest.mark.parametrize("causal", [False, True])
 def test_backward_varlen_deterministic_is_bit_identical(causal):
     lens_q, lens_k = [5, 0, 700, 128, 1, 300], [7, 3, 700, 0, 200, 900]
-    cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).int()
-    cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).int()
-    q = torch.randn(sum(lens_q), 4, 64, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(sum(lens_k), 1, 64, device="cuda", dtype=torch.bfloat16)
-    v = torch.randn_like(k)
+    cu_q, cu_k, q, k, v = varlen_qkv(lens_q, lens_k, 4, 1, 64)
     dout = torch.randn_like(q)
 
     def attend(*t):
@@ -395,11 +392,8 @@ def test_backward_varlen_gradient_buffers_poisoned_with_nan_are_fully_written(di
     from cute_kernels.attention.op import _window, flash_attn_bwd
 
     lens_q, lens_k = [300, 0, 130, 77, 5, 200], [100, 3, 0, 200, 5, 60]
-    cu_q = torch.tensor([0] + lens_q, device="cuda").cumsum(0).int()
-    cu_k = torch.tensor([0] + lens_k, device="cuda").cumsum(0).int()
-    q = torch.randn(sum(lens_q), 4, dim, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(sum(lens_k), 2, dim, device="cuda", dtype=torch.bfloat16)
-    v, dout = torch.randn_like(k), torch.randn_like(q)
+    cu_q, cu_k, q, k, v = varlen_qkv(lens_q, lens_k, 4, 2, dim)
+    dout = torch.randn_like(q)
     deterministic = kw.pop("deterministic", False)
     out, lse = ck.flash_attn_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_lse=True,
                                     **kw)
