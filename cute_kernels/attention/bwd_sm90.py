@@ -26,32 +26,34 @@ Design:
     after one 256-thread barrier each computes its share of dQ over all tile_n keys (dQ = dS K,
     wgmma from shared memory) into its own swizzled fp32 tile, which a dedicated warp adds into
     the fp32 dQ accumulator in global memory with a TMA bulk reduce
-    (``cp.reduce.async.bulk.tensor ... add``). The share: with 64 queries per step, half of
-    dQ's columns (head dim 96: warpgroup 0 all of them); with 128 (head dim 64), 64 query rows
-    over the whole head dim.
+    (``cp.reduce.async.bulk ... add``). The share: with 64 queries per step, half of dQ's
+    columns (head dim 96: warpgroup 0 all of them); with 128 (head dim 64), 64 query rows over
+    the whole head dim. A tile holds its warpgroup's fragment in thread order
+    (``dq_accum.py``): 16-byte stores without bank conflicts or address arithmetic, and one
+    1-D bulk reduce of contiguous bytes into the accumulator, which keeps that order (the
+    finish pass puts the values in their rows).
   - D comes from the preprocess kernel (``preprocess.py``); the op scales and converts the dQ
     accumulator afterwards.
   - dK and dV leave through shared memory (K's and V's tiles, once every GEMM on them is done)
     and a TMA store each (``store_kv_tma``); varlen's partial last block of a sequence, which a
     TMA store would write past, with 32-bit stores of column pairs (``store_kv``).
-  - The dS^T and dQ stores to their SW128-swizzled tiles compute addresses in closed form
-    (``store_ds_t``, ``store_dq``): one XOR per column group instead of the per-element
-    address arithmetic the compiler re-derives every step; odd rows store dQ's column groups
-    in another order, so no two rows of a half-warp's 64-bit store share a bank.
+  - The dS^T stores to their SW128-swizzled tile compute addresses in closed form
+    (``store_ds_t``): one XOR per column group instead of the per-element address arithmetic
+    the compiler re-derives every step.
   - Masks as the forward's (``mask.py`` semantics and 32-bit keep masks, a row of S^T at a
     time), on the transposed scores, only on the blocks an edge crosses; softcap turns S^T
     into its tanh in place and multiplies dP^T - D by the tanh's derivative before P^T is
     formed (no extra fragment). dK and dQ carry the softmax scale (dK here, dQ in the
     launcher's final scaling of the accumulator).
 
-Tensors arrive in torch order: Q, dO, dQ_accum (fp32) (B, Sq, Hq, D), K, V, dK, dV
-(B, Sk, Hkv, D), lse_log2 and D (B, Hq, Sq) fp32; varlen: (total, H, D) with int32
-``cu_seqlens``, and lse_log2 and D (Hq, rows) with sequence b's rows from
-``padded_row_offset`` (zeros between sequences).
+Tensors arrive in torch order: Q, dO (B, Sq, Hq, D), K, V, dK, dV (B, Sk, Hkv, D), lse_log2
+and D (B, Hq, Sq) fp32; varlen: (total, H, D) with int32 ``cu_seqlens``, and lse_log2 and D
+(Hq, rows) with sequence b's rows from ``padded_row_offset`` (zeros between sequences). The
+dQ accumulator: (Hq, R, D) fp32 in ``dq_accum.py``'s layout.
 
 Constraints:
-  - bf16 or fp16 Q, K, V, dO, dK, dV; fp32 dQ_accum (zeroed by the caller), lse_log2 and D
-    (rows contiguous, other strides multiples of 16 bytes: TMA)
+  - bf16 or fp16 Q, K, V, dO, dK, dV; fp32 dQ accumulator (zeroed by the caller, contiguous,
+    on 16 bytes), lse_log2 and D (rows contiguous, other strides multiples of 16 bytes: TMA)
   - head dim 64, 96 or 128 (softcap too); tile_n 128 (two MMA warpgroups of 64 keys);
     tile_m 64, or 128 at head dim 64 without softcap (the S^T, dP^T, dK and dV fragments then
     take 192 of a thread's 240 registers)
@@ -77,6 +79,7 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from ..primitives.named_barriers import AttentionBwdBarrier
 from .config import AttentionBwdConfig
+from .dq_accum import bulk_reduce_add, chunk_address, chunk_row, dq_split, dq_warpgroups, store_fragment
 from .fragments import as_operand_a, convert_pairs, rows_cols, warpgroup_gemm
 from .mask import Sequence, mask_columns
 
@@ -89,19 +92,13 @@ REDUCE_WARP = 1  # of the producer warpgroup; warp 0 loads
 
 
 @dsl_user_op
-def _st_shared(address: Int32, values: tuple, offset: int, *, loc=None, ip=None) -> None:
-    """``st.shared`` at byte ``address + offset`` (an immediate) of one Int32 or two Float32
-    ``values``."""
-    floats = len(values) == 2
-    ops = [Float32(v).ir_value(loc=loc, ip=ip) if floats else Int32(v).ir_value(loc=loc, ip=ip)
-           for v in values]
-    text = (f"st.shared.v2.f32 [$0+{offset}], {{$1, $2}};" if floats
-            else f"st.shared.b32 [$0+{offset}], $1;")
+def _st_shared(address: Int32, value: Int32, offset: int, *, loc=None, ip=None) -> None:
+    """``st.shared.b32`` of ``value`` at byte ``address + offset`` (an immediate)."""
     llvm.inline_asm(
         None,
-        [Int32(address).ir_value(loc=loc, ip=ip)] + ops,
-        text,
-        "r,f,f" if floats else "r,r",
+        [Int32(address).ir_value(loc=loc, ip=ip), Int32(value).ir_value(loc=loc, ip=ip)],
+        f"st.shared.b32 [$0+{offset}], $1;",
+        "r,r",
         has_side_effects=True,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
@@ -145,18 +142,18 @@ class FlashAttnBwdSm90:
         # 64 queries per step: dQ's columns split between the two MMA warpgroups (at head dim
         # 96 the halves (48) would cut K's 32-column swizzle atoms, so warpgroup 0 computes all
         # of dQ); 128 queries: its rows (one 64-row MMA each).
-        self.dq_by_rows = self.lse_in_acc = config.tile_m == 128
-        self.dq_wgs = 1 if config.head_dim == 96 else 2
-        self.dq_cols = config.head_dim if self.dq_by_rows else config.head_dim // self.dq_wgs
+        self.lse_in_acc = config.tile_m == 128
+        self.dq_wgs = dq_warpgroups(config.head_dim)
+        self.dq_by_rows, self.dq_cols = dq_split(config.head_dim, config.tile_m)
         self.wg_keys = 64  # keys per MMA warpgroup's score tile
         self.queries_on_rows = False  # score tiles are S^T: keys on rows, queries on columns
         self.do_stages = config.do_stages  # 0: dO in Q's pipeline stages
         self.do_buffers = config.do_stages or config.stages  # dO / D buffers in shared memory
 
     @property
-    def dq_rows(self) -> int:
-        """Rows of one MMA warpgroup's dQ tile."""
-        return 64 if self.dq_by_rows else self.tile_m
+    def dq_tile(self) -> int:
+        """fp32 values of one dQ warpgroup's tile (64 rows of its ``dq_cols`` columns)."""
+        return 64 * self.dq_cols
 
     # ------------------------------------------------------------------ host side
 
@@ -175,10 +172,6 @@ class FlashAttnBwdSm90:
         # MN-major A operand of dQ = dS K.
         self.sdS_layout = self._smem(self.dtype, tensor_utils.LayoutEnum.COL_MAJOR, tm,
                                      (tm, tn, st), (1, 0, 2))
-        # One fp32 dQ tile per dQ warpgroup (its share of the columns, or of the rows at
-        # tile_m 128), swizzled: the accumulator's rows 8 apart land in different banks.
-        self.sdQ_layout = self._smem(Float32, row_major, self.dq_cols,
-                                     (self.dq_rows, self.dq_cols, self.dq_wgs), (0, 1, 2))
         mma = lambda b_major, n, a_source: sm90_utils.make_trivial_tiled_mma(  # noqa: E731
             self.dtype, self.dtype, cute.nvgpu.OperandMajorMode.K if a_source != "smem_mn"
             else cute.nvgpu.OperandMajorMode.MN, b_major, Float32, (1, 1, 1), tiler_mn=(64, n),
@@ -196,7 +189,7 @@ class FlashAttnBwdSm90:
         self.dtype = mQ.element_type
         varlen = const_expr(cfg.varlen)
         modes = [0, 2, 1] if varlen else [1, 3, 2, 0]  # (rows, D, H[, B])
-        q, k, v, do, dq = (_select(t, modes) for t in (mQ, mK, mV, mdO, mdQ))
+        q, k, v, do = (_select(t, modes) for t in (mQ, mK, mV, mdO))
         dk, dv = _select(mdK, modes), _select(mdV, modes)
         row_modes = [1, 0] if varlen else [2, 1, 0]  # (rows, H[, B])
         lse, dsum = _select(mLSE, row_modes), _select(mD, row_modes)
@@ -211,9 +204,6 @@ class FlashAttnBwdSm90:
         row_tile = cute.make_layout(tm)
         tma_lse, tma_tensor_lse = cpasync.make_tiled_tma_atom(load, lse, row_tile, (tm,))
         tma_dsum, tma_tensor_dsum = cpasync.make_tiled_tma_atom(load, dsum, row_tile, (tm,))
-        tma_dq, tma_tensor_dq = cpasync.make_tiled_tma_atom(
-            cpasync.CopyReduceBulkTensorTileS2GOp(), dq,
-            cute.slice_(self.sdQ_layout, (None, None, 0)), (self.dq_rows, self.dq_cols))
         store = cpasync.CopyBulkTensorTileS2GOp()
         tma_dk, tma_tensor_dk = cpasync.make_tiled_tma_atom(store, dk, self.sK_layout, (tn, d))
         tma_dv, tma_tensor_dv = cpasync.make_tiled_tma_atom(store, dv, self.sK_layout, (tn, d))
@@ -235,7 +225,8 @@ class FlashAttnBwdSm90:
             sK: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sK_layout)], 1024]
             sdS: cute.struct.Align[cute.struct.MemRange[self.dtype, cute.cosize(self.sdS_layout)], 1024]
-            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, cute.cosize(self.sdQ_layout)], 1024]
+            # one fp32 dQ tile per dQ warpgroup, its fragment in thread order (dq_accum.py)
+            sdQ: cute.struct.Align[cute.struct.MemRange[Float32, self.dq_wgs * self.dq_tile], 1024]
 
         self.storage = Storage
         heads, heads_kv = q.shape[2], k.shape[2]
@@ -243,12 +234,12 @@ class FlashAttnBwdSm90:
         grid = (cute.ceil_div(max_seqlen_k, tn), heads_kv, batches)
         self.kernel(
             tma_q, tma_tensor_q, tma_do, tma_tensor_do, tma_k, tma_tensor_k, tma_v, tma_tensor_v,
-            tma_lse, tma_tensor_lse, tma_dsum, tma_tensor_dsum, tma_dq, tma_tensor_dq,
+            tma_lse, tma_tensor_lse, tma_dsum, tma_tensor_dsum, mdQ,
             # dK and dV: the tensors (varlen's partial blocks) and their TMA stores
             (dk, dv, tma_dk, tma_tensor_dk, tma_dv, tma_tensor_dv), mCuSeqlensQ, mCuSeqlensK,
             mSem, q.shape[0], k.shape[0], heads, heads_kv, scale_log2,
             softcap_prescale, dk_scale, window_left, window_right, self.sQ_layout,
-            self.sK_layout, self.sdS_layout, self.sdQ_layout, self.sdO_layout, self.mma_s,
+            self.sK_layout, self.sdS_layout, self.sdO_layout, self.mma_s,
             self.mma_kv, self.mma_dq,
         ).launch(grid=grid, block=[384, 1, 1], min_blocks_per_mp=1, stream=stream)
 
@@ -256,18 +247,18 @@ class FlashAttnBwdSm90:
 
     @cute.kernel
     def kernel(self, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE, tma_dsum, mD,
-               tma_dq, mdQ, kv_out, mCuSeqlensQ, mCuSeqlensK, mSem, seqlen_q_static: Int32,
+               mdQ, kv_out, mCuSeqlensQ, mCuSeqlensK, mSem, seqlen_q_static: Int32,
                seqlen_k_static: Int32, heads: Int32, heads_kv: Int32, scale_log2: Float32,
                softcap_prescale: Float32, dk_scale: Float32, window_left: Int32,
                window_right: Int32, sQ_layout: cute.ComposedLayout,
                sK_layout: cute.ComposedLayout, sdS_layout: cute.ComposedLayout,
-               sdQ_layout: cute.ComposedLayout, sdO_layout: cute.ComposedLayout,
+               sdO_layout: cute.ComposedLayout,
                mma_s: cute.TiledMma, mma_kv: cute.TiledMma, mma_dq: cute.TiledMma):
         cfg = self.config
         tidx, _, _ = cute.arch.thread_idx()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp == 0:
-            for atom in (tma_q, tma_do, tma_k, tma_v, tma_lse, tma_dsum, tma_dq):
+            for atom in (tma_q, tma_do, tma_k, tma_v, tma_lse, tma_dsum):
                 cpasync.prefetch_descriptor(atom)
         storage = cutlass.memory.SmemAllocator().allocate(self.storage)
         producer = pipeline.CooperativeGroup(pipeline.Agent.Thread)
@@ -291,7 +282,7 @@ class FlashAttnBwdSm90:
         sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sV = storage.sV.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
         sdS = storage.sdS.get_tensor(sdS_layout.outer, swizzle=sdS_layout.inner)
-        sdQ = storage.sdQ.get_tensor(sdQ_layout.outer, swizzle=sdQ_layout.inner)
+        sdQ = storage.sdQ.get_tensor(cute.make_layout(self.dq_wgs * self.dq_tile))
         sLSE = storage.sLSE.get_tensor(cute.make_layout((self.tile_m, cfg.stages)))
         sD = storage.sD.get_tensor(cute.make_layout((self.tile_m, self.do_buffers)))
 
@@ -310,7 +301,7 @@ class FlashAttnBwdSm90:
                     self.load(tma_q, tma_do, tma_k, tma_v, tma_lse, tma_dsum, mQ, mdO, mK, mV,
                               mLSE, mD, sQ, sdO, sK, sV, sLSE, sD, pipe_kv, pipe_qdo, pipe_do, work)
                 elif warp == REDUCE_WARP:
-                    self.reduce_dq(tma_dq, mdQ, sdQ, mSem, work, window_right)
+                    self.reduce_dq(mdQ, sdQ, mSem, work, window_right)
             else:
                 cute.arch.setmaxregister_increase(MMA_REGISTERS)
                 self.mma(mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, kv_out,
@@ -454,25 +445,21 @@ class FlashAttnBwdSm90:
             state.advance()
 
     @cute.jit
-    def reduce_dq(self, tma_dq, mdQ, sdQ, mSem, work, window_right):
+    def reduce_dq(self, mdQ, sdQ, mSem, work, window_right):
         """Reduce warp: add each step's dQ tiles (shared, fp32; one per dQ warpgroup) into the
-        global accumulator, each as soon as its warpgroup has written it. Deterministic: first
-        wait until the query block's semaphore counts this CTA's rank (acquire), and count it
-        up (release) once the adds are complete, so every dQ element sums its key blocks in
-        one fixed order."""
+        global accumulator, each by one 1-D bulk reduce (lane 0) as soon as its warpgroup has
+        written it. Deterministic: first wait until the query block's semaphore counts this
+        CTA's rank (acquire), and count it up (release) once the adds are complete, so every
+        dQ element sums its key blocks in one fixed order."""
         seq, n_block, head_kv, batch, group, m_min, m_max, steps = work
         lane = cute.arch.lane_idx()
         full, empty = int(AttentionBwdBarrier.DQ_FULL), int(AttentionBwdBarrier.DQ_EMPTY)
         for w in cutlass.range_constexpr(self.dq_wgs):  # the tiles start free
             cute.arch.barrier_arrive(barrier_id=empty + w, number_of_threads=160)
-        one = cute.make_layout(1)
-        for i in range(steps):
+        tile_bytes = self.dq_tile * 4
+        src = sdQ.iterator.toint()
+        for i in cutlass.range(steps, unroll=1):  # 24 registers: an unrolled walk spills
             head, m_block = self._step(work, i)
-            rows = self._rows(mdQ, seq.offset_q, head, batch)
-            if const_expr(self.dq_by_rows):  # tiles m_block * dq_wgs + w of dq_rows rows
-                gdQ = cute.local_tile(rows, (self.dq_rows, self.dq_cols), (None, 0))
-            else:  # column tiles w of query block m_block
-                gdQ = cute.local_tile(rows, (self.tile_m, self.dq_cols), (m_block, None))
             if const_expr(self.config.deterministic):
                 flag = mSem.iterator + ((batch * mSem.shape[1] + head) * mSem.shape[2] + m_block)
                 if lane == 0:
@@ -480,12 +467,11 @@ class FlashAttnBwdSm90:
                     while cute.arch.load(flag, Int32, sem="acquire", scope="gpu") != rank:
                         pass
                 cute.arch.sync_warp()
+            dst = chunk_address(mdQ, head, chunk_row(seq, batch, m_block, self.tile_m,
+                                                      self.config.varlen))
             for w in cutlass.range_constexpr(self.dq_wgs):
-                tsdQ, tgdQ = cpasync.tma_partition(
-                    tma_dq, 0, one, cute.group_modes(sdQ, 0, 2), cute.group_modes(gdQ, 0, 2))
                 cute.arch.barrier(barrier_id=full + w, number_of_threads=160)
-                tile = m_block * self.dq_wgs + w if const_expr(self.dq_by_rows) else w
-                cute.copy(tma_dq, tsdQ[None, w], tgdQ[None, tile])
+                bulk_reduce_add(dst + w * tile_bytes, src + w * tile_bytes, tile_bytes, lane == 0)
                 cute.arch.cp_async_bulk_commit_group()
             if const_expr(self.config.deterministic):
                 cute.arch.cp_async_bulk_wait_group(0, read=False)  # the adds are done
@@ -523,7 +509,7 @@ class FlashAttnBwdSm90:
         dq_wg = wg if const_expr(self.dq_wgs == 2) else 0  # this warpgroup's dQ tile
         sdS_dq, k_cols = sdS, dq_wg  # dS rows and K^T column block of that tile
         if const_expr(self.dq_by_rows):
-            sdS_dq, k_cols = cute.local_tile(sdS, (self.dq_rows, self.tile_n, st), (dq_wg, 0, 0)), 0
+            sdS_dq, k_cols = cute.local_tile(sdS, (64, self.tile_n, st), (dq_wg, 0, 0)), 0
         tQrdS = mma_dq.make_fragment_A(dq_ops.partition_A(sdS_dq))
         tQrK = mma_dq.make_fragment_B(dq_ops.partition_B(
             cute.local_tile(sKt, (self.dq_cols, self.tile_n), (k_cols, 0))))
@@ -544,14 +530,7 @@ class FlashAttnBwdSm90:
         lane = tidx % 4
         key = wg * 64 + coords[0, 0][0]  # this thread's first dS^T row (the second is + 8)
         ds_base = sdS.iterator.toint() + key * 128 + 4 * lane + 16 * (key % 8)
-        dq_tile = (self.dq_rows, self.dq_cols)
-        dq_coords = rows_cols(mma_dq.get_slice(tidx % 128).partition_C(cute.make_identity_tensor(dq_tile)))
-        row = dq_coords[0, 0][0]
-        dq_base = (sdQ.iterator.toint() + dq_wg * (self.dq_rows * self.dq_cols * 4) + row * 128 + 8 * (lane % 2)
-                   + 16 * (((lane // 2) ^ row) & 1) + 16 * (row & 6))
-        dq_odd = (row & 1) == 1  # odd rows store their column groups in another order (store_dq)
-        dq_base = dq_base ^ (64 * (row & 1))
-        tQsdQ = mma_dq.get_slice(tidx % 128).partition_C(sdQ[None, None, dq_wg])
+        dq_base = self.dq_store_address(sdQ, dq_wg, tidx)
         key0 = n_block * self.tile_n + wg * 64
         ds_ready = int(AttentionBwdBarrier.DS_READY)
         dq_empty, dq_full = int(AttentionBwdBarrier.DQ_EMPTY) + wg, int(AttentionBwdBarrier.DQ_FULL) + wg
@@ -596,12 +575,12 @@ class FlashAttnBwdSm90:
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=ds_ready, number_of_threads=256)
             if const_expr(self.dq_wgs == 2) or wg == 0:
-                acc_dq = cute.make_rmem_tensor(dq_ops.partition_shape_C(dq_tile), Float32)
+                acc_dq = cute.make_rmem_tensor(dq_ops.partition_shape_C((64, self.dq_cols)), Float32)
                 warpgroup_gemm(mma_dq, acc_dq, tQrdS[None, None, None, b], tQrK, True)
                 warpgroup_gemm(mma_kv, acc_dk, tKrdS, tKrQ[None, None, None, b], False)
                 warpgroup.wait_group(1)  # dV and dQ done, dK in flight
                 cute.arch.barrier(barrier_id=dq_empty, number_of_threads=160)
-                self.store_dq(acc_dq, tQsdQ, dq_base, dq_odd)
+                store_fragment(acc_dq, dq_base)
                 cute.arch.fence_view_async_shared()
                 cute.arch.barrier_arrive(barrier_id=dq_full, number_of_threads=160)
             else:
@@ -689,29 +668,13 @@ class FlashAttnBwdSm90:
         half = self.tile_n * 128
         for j in cutlass.range_constexpr(cute.size(packed) // 2):
             address = base ^ (16 * (j % 8))
-            _st_shared(address, (packed[2 * j],), half * (j // 8))
-            _st_shared(address, (packed[2 * j + 1],), half * (j // 8) + 1024)
+            _st_shared(address, packed[2 * j], half * (j // 8))
+            _st_shared(address, packed[2 * j + 1], half * (j // 8) + 1024)
 
-    @cute.jit
-    def store_dq(self, acc_dq, tQsdQ, base, odd):
-        """This warpgroup's dQ share (fp32 C fragment, index v0 + 2 v1 + 4 j) into its swizzled
-        tile: columns 8 j + 2 (lane % 4) of row r at ``(base ^ 32 (j % 4)) + 8192 (j / 4)``,
-        row r + 8 1024 bytes further (32-column SW128 atoms of 8 KB). One 64-bit store covers
-        4 rows x 32 bytes per half-warp, and SW128 puts rows 2i and 2i + 1 of a column group on
-        the same banks: so odd rows store group j ^ 2 where even rows store j (``base`` comes
-        XOR-ed with 64 for them), and every half-warp's store hits all 32 banks once. Other
-        widths (head dim 96: 48 columns) go through the tile's own partition."""
-        if const_expr(self.dq_cols % 32 == 0):
-            for j in cutlass.range_constexpr(cute.size(acc_dq) // 4):
-                other = (j % 4 ^ 2) + 4 * (j // 4)
-                address = base ^ (32 * (j % 4))
-                for v1 in cutlass.range_constexpr(2):
-                    mine, theirs = 4 * j + 2 * v1, 4 * other + 2 * v1
-                    values = (cutlass.select_(odd, acc_dq[theirs], acc_dq[mine]),
-                              cutlass.select_(odd, acc_dq[theirs + 1], acc_dq[mine + 1]))
-                    _st_shared(address, values, 8192 * (j // 4) + 1024 * v1)
-        else:
-            cute.autovec_copy(acc_dq, tQsdQ)
+    def dq_store_address(self, sdQ, dq_wg, tidx):
+        """Shared-memory byte address where this thread's dQ values start (``store_fragment``):
+        its warpgroup's tile, 16 bytes per thread."""
+        return sdQ.iterator.toint() + dq_wg * (self.dq_tile * 4) + (tidx % 128) * 16
 
     @cute.jit
     def on_edge(self, key0, q0, seq, window_left, window_right):

@@ -19,9 +19,10 @@ keys (32 or 48) along N:
     dV_w^T += dO^T P_w and dK_w^T += Q^T dS_w (D x its keys, fp32 registers: D tile_n / 256
     values each per thread), releasing dO's stage when dV's GEMM is done and Q's when dK's
     is; after a 256-thread barrier both halves of dS are in, and warpgroup w computes
-    dQ = dS K for its half of D's columns into its swizzled fp32 tile, which the reduce warp
-    adds into the global accumulator by TMA bulk reduce (``reduce_dq``; in a fixed order with
-    ``deterministic``). Every MMA operand comes from shared memory.
+    dQ = dS K for its half of D's columns into its fp32 tile (thread order, ``dq_accum.py``),
+    which the reduce warp adds into the global accumulator by a 1-D bulk reduce
+    (``reduce_dq``; in a fixed order with ``deterministic``). Every MMA operand comes from
+    shared memory.
   - The kernel is bound by L2 throughput (Nsight Compute: 91% at 64-key blocks with two dO
     stages), and the Q / dO reads and dQ adds per FLOP shrink as the key block grows: head
     dim 192 takes 96-key blocks with two Q stages, 256 64-key blocks with one (measured
@@ -52,6 +53,7 @@ from cutlass.cute.nvgpu import warpgroup
 from ..primitives.named_barriers import AttentionBwdBarrier
 from .bwd_sm90 import FlashAttnBwdSm90, _transposed
 from .config import SMEM_BYTES, AttentionBwdConfig
+from .dq_accum import dq_split, dq_warpgroups, store_fragment
 from .fragments import convert_pairs, rows_cols, warpgroup_gemm
 
 WIDE_HEAD_DIMS = (192, 256)
@@ -68,7 +70,8 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
             raise ValueError(f"unsupported backward tiles: {config}")
         self.config = config
         self.tile_m, self.tile_n, self.head_dim = config.tile_m, tn, d
-        self.dq_wgs, self.dq_cols = 2, d // 2
+        self.dq_wgs = dq_warpgroups(d)
+        self.dq_by_rows, self.dq_cols = dq_split(d, tm)  # by columns: D / 2 each
         self.wg_keys = tn // 2
         self.queries_on_rows = True
         self.do_stages = self.do_buffers = config.do_stages
@@ -93,8 +96,6 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
         # MN-major A operand of dQ).
         self.sdS_layout = self._smem(self.dtype, tensor_utils.LayoutEnum.COL_MAJOR, tm,
                                      (tm, tn, 2 * self.score_buffers), (1, 0, 2))
-        self.sdQ_layout = self._smem(Float32, row_major, self.dq_cols, (tm, self.dq_cols, 2),
-                                     (0, 1, 2))
         K, MN = cute.nvgpu.OperandMajorMode.K, cute.nvgpu.OperandMajorMode.MN
 
         def mma(a_major, b_major, n):
@@ -141,7 +142,7 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
         tSsLSE = thr_s.partition_C(cute.make_tensor(sLSE.iterator, cute.make_layout((tm, wk, st), stride=(1, 0, tm))))
         tSsD = thr_s.partition_C(cute.make_tensor(sD.iterator, cute.make_layout((tm, wk, do_st), stride=(1, 0, tm))))
         tSsPdS = thr_s.partition_C(cute.local_tile(sPdS, (tm, wk, nb), (0, wg, 0)))
-        tQsdQ = mma_dq.get_slice(tidx % 128).partition_C(sdQ[None, None, wg])
+        dq_base = self.dq_store_address(sdQ, wg, tidx)
         dq_empty = int(AttentionBwdBarrier.DQ_EMPTY) + wg
         dq_full = int(AttentionBwdBarrier.DQ_FULL) + wg
         key0 = n_block * tn + wg * wk
@@ -189,7 +190,7 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
             warpgroup_gemm(mma_dq, acc_dq, tQrdS[None, None, None, p + 1], tQrK, True)
             warpgroup.wait_group(0)
             cute.arch.barrier(barrier_id=dq_empty, number_of_threads=160)
-            cute.autovec_copy(acc_dq, tQsdQ)
+            store_fragment(acc_dq, dq_base)
             cute.arch.fence_view_async_shared()
             cute.arch.barrier_arrive(barrier_id=dq_full, number_of_threads=160)
             state.advance()

@@ -19,6 +19,7 @@ from ..runtime.compile import ScalarSpec, StreamSpec, Sym, TensorSpec, get_kerne
 from ..runtime.dtypes import dtype_name
 from ..runtime.errors import check_tensor, describe
 from .config import BWD_WIDE_HEAD_DIMS, HEAD_DIMS, attention_bwd_config, attention_fwd_config
+from .dq_accum import accum_rows
 
 DTYPES = (torch.bfloat16, torch.float16)
 ALIGN = 8  # elements: TMA needs every non-unit stride (and the data pointer) on 16 bytes
@@ -49,30 +50,38 @@ def bwd_kernel_specs(dtype: str, head_dim: int, varlen: bool) -> tuple:
     rank = 3 if varlen else 4
     # LSE and D rows: read by TMA, so every stride but the rows' on 16 bytes
     rows = TensorSpec("float32", (Sym(),) * (rank - 1), (Sym(divisibility=4),) * (rank - 2) + (1,), 16)
-    dq = TensorSpec("float32", (Sym(),) * (rank - 1) + (head_dim,),
-                    (Sym(divisibility=4),) * (rank - 1) + (1,), 16)
+    dq = _accum_spec(head_dim)
     cu = TensorSpec("int32", (Sym(),), (1,), 4) if varlen else None
     semaphores = TensorSpec("int32", (Sym(),) * 3, (Sym(), Sym(), 1), 4)  # (B, Hq, query blocks)
     scalars = tuple(ScalarSpec(t) for t in ("float32", "float32", "float32", "int32", "int32", "int32"))
     return (qkv, qkv, qkv, qkv, rows, rows, dq, qkv, qkv, cu, cu, semaphores) + scalars + (StreamSpec(),)
 
 
-def bwd_rows_specs(dtype: str, head_dim: int) -> dict:
-    """The argument signatures of the backward's row passes (``preprocess.py``), by class name."""
+def _accum_spec(head_dim: int) -> TensorSpec:
+    """The fp32 dQ accumulator: (H, R, D), contiguous (``dq_accum.py``)."""
+    return TensorSpec("float32", (Sym(), Sym(), head_dim), (Sym(divisibility=4), head_dim, 1), 16)
+
+
+def bwd_rows_specs(dtype: str, head_dim: int, varlen: bool = False) -> dict:
+    """The argument signatures of the backward's row passes (``preprocess.py``), by class name
+    (``varlen``: the finish pass's)."""
     rows = _qkv_spec(dtype, head_dim, False)  # O, dO, dQ: (B, S, H, D); varlen with B = 1
     stats = TensorSpec("float32", (Sym(),) * 3, (Sym(), Sym(), 1), 4)  # (B, H, S)
-    acc = TensorSpec("float32", (Sym(),) * 3 + (head_dim,), (Sym(divisibility=4),) * 3 + (1,), 16)
+    acc = _accum_spec(head_dim)
+    cu = TensorSpec("int32", (Sym(),), (1,), 4) if varlen else None
     return {"BwdPrepareSm90": (rows, rows, stats, stats, stats, acc, StreamSpec()),
-            "BwdFinishSm90": (acc, rows, ScalarSpec("float32"), StreamSpec())}
+            "BwdFinishSm90": (acc, rows, ScalarSpec("float32"), cu, ScalarSpec("int32"),
+                              StreamSpec())}
 
 
-def _bwd_rows_configurations(dims, dtypes) -> list:
-    from .preprocess import BwdFinishSm90, BwdPrepareSm90, BwdRowsConfig
+def _bwd_rows_configurations(dims, dtypes, bwd_configs) -> list:
+    from .preprocess import BwdFinishConfig, BwdFinishSm90, BwdPrepareSm90, BwdRowsConfig
 
+    finishes = sorted({(c.head_dim, c.tile_m, c.varlen) for c in bwd_configs if c.head_dim in dims})
     return ([(BwdPrepareSm90, BwdRowsConfig(d, with_lse), bwd_rows_specs(dtype, d)["BwdPrepareSm90"])
              for d in dims for dtype in dtypes for with_lse in (True, False)]
-            + [(BwdFinishSm90, BwdRowsConfig(d), bwd_rows_specs(dtype, d)["BwdFinishSm90"])
-               for d in dims for dtype in dtypes])
+            + [(BwdFinishSm90, BwdFinishConfig(*f), bwd_rows_specs(dtype, f[0], f[2])["BwdFinishSm90"])
+               for f in finishes for dtype in dtypes])
 
 
 def compile_configurations(quick: bool = False) -> list:
@@ -97,7 +106,7 @@ def compile_configurations(quick: bool = False) -> list:
              for cfg in configs for dtype in dtypes]
             + [(_bwd_class(cfg.head_dim), cfg, bwd_kernel_specs(dtype, cfg.head_dim, cfg.varlen))
                for cfg in bwd for dtype in dtypes]
-            + _bwd_rows_configurations(dims, dtypes))
+            + _bwd_rows_configurations(dims, dtypes, bwd))
 
 
 def self_checks():
@@ -181,8 +190,8 @@ def flash_attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
 
     Three launches: a row pass (``preprocess.py``) writes D = rowsum(dO * O) and the LSE in
     log2 units (+inf for rows that saw no key) where the main kernel reads them and zeroes an
-    fp32 dQ accumulator; the main kernel adds dQ into it; a second row pass scales it into
-    ``dq``.
+    fp32 dQ accumulator (``dq_accum.py``); the main kernel adds dQ into it; a finish pass
+    scales it into ``dq``.
     ``deterministic``: the adds go in a fixed order, through one zeroed int32 semaphore per
     (sequence, query head, block of 64 queries)."""
     varlen = cu_seqlens_q is not None
@@ -194,21 +203,23 @@ def flash_attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
         scale_log2, prescale = softcap * LOG2_E, softmax_scale / softcap
     else:
         scale_log2, prescale = softmax_scale * LOG2_E, 1.0
-    dq_accum = torch.empty(q.shape, dtype=torch.float32, device=q.device)
+    batches = cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0]
+    heads = q.shape[-2]
+    dq_accum = torch.empty(heads, accum_rows(batches, q.shape[-3], config.tile_m, varlen),
+                           head_dim, dtype=torch.float32, device=q.device)
     rows = (lambda t: t.unsqueeze(0)) if varlen else (lambda t: t)  # (B, S, H, D)
     out_rows, dout_rows = _aligned(rows(out)), _aligned(rows(dout))
     prepare = _compiled("bwd_prepare", (head_dim, not varlen), q.dtype, q.device.index)
     if varlen:
         dsum_rows = torch.empty(1, *lse.shape, dtype=torch.float32, device=q.device)
-        prepare(out_rows, dout_rows, dsum_rows, dsum_rows, dsum_rows, rows(dq_accum))
+        prepare(out_rows, dout_rows, dsum_rows, dsum_rows, dsum_rows, dq_accum)
         lse_log2, dsum = _varlen_rows(lse, dsum_rows[0], cu_seqlens_q)
         lse_log2.masked_fill_(torch.isneginf(lse_log2), math.inf)
     else:
         lse_log2, dsum = _padded_rows(lse), _padded_rows(lse)
         prepare(out_rows, dout_rows, lse, lse_log2, dsum, dq_accum)
     if deterministic:
-        batches = cu_seqlens_q.shape[0] - 1 if varlen else q.shape[0]
-        semaphores = torch.zeros(batches, q.shape[-2], -(-max_seqlen_q // config.tile_m),
+        semaphores = torch.zeros(batches, heads, -(-max_seqlen_q // config.tile_m),
                                  dtype=torch.int32, device=q.device)
     else:
         semaphores = torch.empty(1, 1, 1, dtype=torch.int32, device=q.device)
@@ -216,16 +227,17 @@ def flash_attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
            dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k, semaphores, scale_log2, prescale,
            softmax_scale, window_left, window_right, max_seqlen_k)
     dq_rows = _aligned(rows(dq))
-    _compiled("bwd_finish", (head_dim, True), q.dtype, q.device.index)(
-        rows(dq_accum), dq_rows, softmax_scale)
+    _compiled("bwd_finish", (head_dim, config.tile_m, varlen), q.dtype, q.device.index)(
+        dq_accum, dq_rows, softmax_scale, cu_seqlens_q, max_seqlen_q)
     if dq_rows.data_ptr() != dq.data_ptr():  # dQ's own strides were not on 16 bytes
         dq.copy_(dq_rows.view(dq.shape))
 
 
 @functools.lru_cache(maxsize=None)
 def _compiled(kind: str, config, dtype: torch.dtype, device_index: int):
-    """The compiled kernel of ``kind`` ("fwd", "bwd"; "bwd_prepare", "bwd_finish": then
-    ``config`` is (head dim, with the LSE)) for a configuration and dtype on a device: the
+    """The compiled kernel of ``kind`` ("fwd", "bwd"; "bwd_prepare": then ``config`` is (head
+    dim, with the LSE); "bwd_finish": (head dim, tile_m, varlen)) for a configuration and dtype
+    on a device: the
     compile cache's lookup, which builds and hashes the argument specs (tens of microseconds of
     host time), once per process."""
     name = dtype_name(dtype)
@@ -238,10 +250,13 @@ def _compiled(kind: str, config, dtype: torch.dtype, device_index: int):
                           bwd_kernel_specs(name, config.head_dim, config.varlen))
     from . import preprocess
 
-    cls = preprocess.BwdPrepareSm90 if kind == "bwd_prepare" else preprocess.BwdFinishSm90
-    head_dim, with_lse = config
-    return get_kernel(cls, preprocess.BwdRowsConfig(head_dim, with_lse),
-                      bwd_rows_specs(name, head_dim)[cls.__name__])
+    if kind == "bwd_prepare":
+        head_dim, with_lse = config
+        return get_kernel(preprocess.BwdPrepareSm90, preprocess.BwdRowsConfig(head_dim, with_lse),
+                          bwd_rows_specs(name, head_dim)["BwdPrepareSm90"])
+    head_dim, tile_m, varlen = config
+    return get_kernel(preprocess.BwdFinishSm90, preprocess.BwdFinishConfig(head_dim, tile_m, varlen),
+                      bwd_rows_specs(name, head_dim, varlen)["BwdFinishSm90"])
 
 
 def _bwd_class(head_dim: int):
