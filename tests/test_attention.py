@@ -521,20 +521,33 @@ def test_training_step_of_a_transformer_block_under_torch_compile():
         assert (a.float() - r.float()).abs().max().item() <= 3e-2 * r.float().abs().max().item() + 1e-3, name
 
 
-def test_varlen_lse_rows_start_where_the_backward_kernel_reads_them():
+@gpu
+def test_varlen_prepare_pass_writes_the_rows_where_the_backward_kernel_reads_them():
+    # NaN-poisoned outputs: every row a sequence owns holds its LSE in log2 units (+inf for
+    # -inf) and D = rowsum(dO * O); every row between sequences zero; the whole accumulator zero
     from cute_kernels.attention.bwd_sm90 import padded_row_offset
-    from cute_kernels.attention.op import _varlen_rows
+    from cute_kernels.attention.dq_accum import accum_rows
+    from cute_kernels.attention.op import _compiled, _varlen_rows
 
     lens = [5, 0, 300, 128, 1, 77, 3]
-    cu = torch.tensor([0] + lens).cumsum(0).int()
-    lse, dsum = torch.randn(3, sum(lens)), torch.randn(3, sum(lens))
-    lse_rows, dsum_rows = _varlen_rows(lse, dsum, cu)
-    assert lse_rows.stride(0) % 4 == 0 and lse_rows.shape == dsum_rows.shape
-    used = torch.zeros(lse_rows.shape[1], dtype=torch.bool)
+    cu = torch.tensor([0] + lens, device="cuda").cumsum(0).int()
+    total, heads, dim, tile_m = sum(lens), 3, 64, 128
+    out, dout = (torch.randn(1, total, heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    lse = torch.randn(heads, total, device="cuda")
+    lse[1, 10] = float("-inf")
+    lse_rows, dsum_rows = (_varlen_rows(lse, len(lens)).fill_(float("nan")) for _ in range(2))
+    acc = torch.full((heads, accum_rows(len(lens), total, tile_m, True), dim), float("nan"), device="cuda")
+    _compiled("bwd_prepare", (dim, True), torch.bfloat16, torch.cuda.current_device())(
+        out, dout, lse[None], lse_rows, dsum_rows, acc, cu, max(lens))
+    assert lse_rows.stride(1) % 4 == 0 and (acc == 0).all()
+    dsum = (out.float() * dout.float()).sum(-1)[0].T
+    expected_lse = (lse * math.log2(math.e)).masked_fill(lse.isneginf(), math.inf)
+    used = torch.zeros(lse_rows.shape[2], dtype=torch.bool, device="cuda")
     for b, n in enumerate(lens):
         start, first = padded_row_offset(int(cu[b]), b), int(cu[b])
         assert start % 4 == 0 and not used[start:start + n].any()
         used[start:start + n] = True
-        torch.testing.assert_close(lse_rows[:, start:start + n], lse[:, first:first + n] * math.log2(math.e))
-        assert torch.equal(dsum_rows[:, start:start + n], dsum[:, first:first + n])
-    assert (lse_rows[:, ~used] == 0).all() and (dsum_rows[:, ~used] == 0).all()
+        torch.testing.assert_close(lse_rows[0, :, start:start + n], expected_lse[:, first:first + n])
+        torch.testing.assert_close(dsum_rows[0, :, start:start + n], dsum[:, first:first + n],
+                                   rtol=1e-4, atol=1e-4)
+    assert (lse_rows[0][:, ~used] == 0).all() and (dsum_rows[0][:, ~used] == 0).all()

@@ -108,8 +108,8 @@ def _st_shared(address: Int32, value: Int32, offset: int, *, loc=None, ip=None) 
 def padded_row_offset(offset_q, batch):
     """Varlen: where sequence ``batch`` (starting at query row ``offset_q``) starts in the LSE and
     D rows: a multiple of 4 (a TMA box of fp32 rows starts on 16 bytes), 4 * (offset_q // 4 +
-    batch), so sequences never overlap and ``total_q + 4 * batches`` rows hold them all. The op
-    lays the rows out the same way (``op._varlen_rows``)."""
+    batch), so sequences never overlap and ``total_q + 4 * batches`` rows hold them all. The
+    prepare pass writes them there (``preprocess.BwdPrepareSm90``)."""
     return (offset_q // 4 + batch) * 4
 
 

@@ -63,13 +63,14 @@ def _accum_spec(head_dim: int) -> TensorSpec:
 
 
 def bwd_rows_specs(dtype: str, head_dim: int, varlen: bool = False) -> dict:
-    """The argument signatures of the backward's row passes (``preprocess.py``), by class name
-    (``varlen``: the finish pass's)."""
+    """The argument signatures of the backward's row passes (``preprocess.py``), by class
+    name."""
     rows = _qkv_spec(dtype, head_dim, False)  # O, dO, dQ: (B, S, H, D); varlen with B = 1
     stats = TensorSpec("float32", (Sym(),) * 3, (Sym(), Sym(), 1), 4)  # (B, H, S)
     acc = _accum_spec(head_dim)
     cu = TensorSpec("int32", (Sym(),), (1,), 4) if varlen else None
-    return {"BwdPrepareSm90": (rows, rows, stats, stats, stats, acc, StreamSpec()),
+    return {"BwdPrepareSm90": (rows, rows, stats, stats, stats, acc, cu, ScalarSpec("int32"),
+                               StreamSpec()),
             "BwdFinishSm90": (acc, rows, ScalarSpec("float32"), cu, ScalarSpec("int32"),
                               StreamSpec())}
 
@@ -78,8 +79,8 @@ def _bwd_rows_configurations(dims, dtypes, bwd_configs) -> list:
     from .preprocess import BwdFinishConfig, BwdFinishSm90, BwdPrepareSm90, BwdRowsConfig
 
     finishes = sorted({(c.head_dim, c.tile_m, c.varlen) for c in bwd_configs if c.head_dim in dims})
-    return ([(BwdPrepareSm90, BwdRowsConfig(d, with_lse), bwd_rows_specs(dtype, d)["BwdPrepareSm90"])
-             for d in dims for dtype in dtypes for with_lse in (True, False)]
+    return ([(BwdPrepareSm90, BwdRowsConfig(d, varlen), bwd_rows_specs(dtype, d, varlen)["BwdPrepareSm90"])
+             for d in dims for dtype in dtypes for varlen in (False, True)]
             + [(BwdFinishSm90, BwdFinishConfig(*f), bwd_rows_specs(dtype, f[0], f[2])["BwdFinishSm90"])
                for f in finishes for dtype in dtypes])
 
@@ -209,15 +210,15 @@ def flash_attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                            head_dim, dtype=torch.float32, device=q.device)
     rows = (lambda t: t.unsqueeze(0)) if varlen else (lambda t: t)  # (B, S, H, D)
     out_rows, dout_rows = _aligned(rows(out)), _aligned(rows(dout))
-    prepare = _compiled("bwd_prepare", (head_dim, not varlen), q.dtype, q.device.index)
+    prepare = _compiled("bwd_prepare", (head_dim, varlen), q.dtype, q.device.index)
     if varlen:
-        dsum_rows = torch.empty(1, *lse.shape, dtype=torch.float32, device=q.device)
-        prepare(out_rows, dout_rows, dsum_rows, dsum_rows, dsum_rows, dq_accum)
-        lse_log2, dsum = _varlen_rows(lse, dsum_rows[0], cu_seqlens_q)
-        lse_log2.masked_fill_(torch.isneginf(lse_log2), math.inf)
+        lse_log2, dsum = _varlen_rows(lse, batches), _varlen_rows(lse, batches)
+        prepare(out_rows, dout_rows, lse.unsqueeze(0), lse_log2, dsum, dq_accum, cu_seqlens_q,
+                max_seqlen_q)
+        lse_log2, dsum = lse_log2[0], dsum[0]
     else:
         lse_log2, dsum = _padded_rows(lse), _padded_rows(lse)
-        prepare(out_rows, dout_rows, lse, lse_log2, dsum, dq_accum)
+        prepare(out_rows, dout_rows, lse, lse_log2, dsum, dq_accum, None, q.shape[1])
     if deterministic:
         semaphores = torch.zeros(batches, heads, -(-max_seqlen_q // config.tile_m),
                                  dtype=torch.int32, device=q.device)
@@ -236,8 +237,8 @@ def flash_attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
 @functools.lru_cache(maxsize=None)
 def _compiled(kind: str, config, dtype: torch.dtype, device_index: int):
     """The compiled kernel of ``kind`` ("fwd", "bwd"; "bwd_prepare": then ``config`` is (head
-    dim, with the LSE); "bwd_finish": (head dim, tile_m, varlen)) for a configuration and dtype
-    on a device: the
+    dim, varlen); "bwd_finish": (head dim, tile_m, varlen)) for a configuration and dtype on a
+    device: the
     compile cache's lookup, which builds and hashes the argument specs (tens of microseconds of
     host time), once per process."""
     name = dtype_name(dtype)
@@ -251,9 +252,9 @@ def _compiled(kind: str, config, dtype: torch.dtype, device_index: int):
     from . import preprocess
 
     if kind == "bwd_prepare":
-        head_dim, with_lse = config
-        return get_kernel(preprocess.BwdPrepareSm90, preprocess.BwdRowsConfig(head_dim, with_lse),
-                          bwd_rows_specs(name, head_dim)["BwdPrepareSm90"])
+        head_dim, varlen = config
+        return get_kernel(preprocess.BwdPrepareSm90, preprocess.BwdRowsConfig(head_dim, varlen),
+                          bwd_rows_specs(name, head_dim, varlen)["BwdPrepareSm90"])
     head_dim, tile_m, varlen = config
     return get_kernel(preprocess.BwdFinishSm90, preprocess.BwdFinishConfig(head_dim, tile_m, varlen),
                       bwd_rows_specs(name, head_dim, varlen)["BwdFinishSm90"])
@@ -270,22 +271,14 @@ def _bwd_class(head_dim: int):
     return FlashAttnBwdSm90
 
 
-def _varlen_rows(lse: torch.Tensor, dsum: torch.Tensor, cu_seqlens_q: torch.Tensor):
-    """lse * log2(e) and D, both (Hq, total_q), laid out as the backward kernel reads them:
-    sequence b's rows from 4 * (cu_seqlens_q[b] // 4 + b) (``bwd_sm90.padded_row_offset``),
-    zeros between sequences (read only as masked rows past a sequence)."""
-    heads, total = lse.shape
-    batches = cu_seqlens_q.shape[0] - 1
-    starts = cu_seqlens_q[:-1].long()
-    shift = (starts // 4 + torch.arange(batches, device=lse.device)) * 4 - starts
-    rows = torch.arange(total, device=lse.device) + torch.repeat_interleave(
-        shift, cu_seqlens_q.diff().long(), output_size=total)
-    width = total + 4 * batches + (-total % 4)  # rows on 16 bytes for TMA
-    lse_rows = torch.zeros(heads, width, dtype=torch.float32, device=lse.device)
-    dsum_rows = torch.zeros(heads, width, dtype=torch.float32, device=lse.device)
-    lse_rows[:, rows] = lse * LOG2_E
-    dsum_rows[:, rows] = dsum
-    return lse_rows, dsum_rows
+def _varlen_rows(lse: torch.Tensor, batches: int) -> torch.Tensor:
+    """An fp32 (1, Hq, rows) tensor for the LSE's log2 copy or D of packed sequences, as the
+    backward kernel reads them: sequence b's rows from 4 * (cu_seqlens_q[b] // 4 + b)
+    (``bwd_sm90.padded_row_offset``), rows on 16 bytes for TMA. The prepare pass fills it, the
+    rows between sequences with zeros (read only as masked rows past a sequence)."""
+    total = lse.shape[1]
+    width = total + 4 * batches + (-total % 4)
+    return torch.empty(1, lse.shape[0], width, dtype=torch.float32, device=lse.device)
 
 
 def _padded_rows(like: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,7 @@ before it and one after.
   row's LSE in log2 units (+inf where the LSE is -inf: a row that saw no key), both written
   where the main kernel reads them (rows of a head contiguous, a padded row stride); and the
   fp32 dQ accumulator zeroed, each CTA an equal share of its head's accumulator rows.
-  A CTA owns ``rows`` consecutive tokens of one (batch, head); ``threads_per_row`` consecutive
+  A CTA owns ``rows`` consecutive tokens of one (sequence, head); ``threads_per_row`` consecutive
   threads share a row, each moving 8 values (16 bytes of O / dO) per access, and every thread
   issues its loads for all its rows before it reduces any of them (the row sum by warp
   shuffles), so a thread keeps ``passes`` rows of bytes in flight.
@@ -22,7 +22,9 @@ accumulator (H, R, D) fp32, contiguous (``dq_accum.py``).
 Constraints:
   - O, dO and dQ bf16 or fp16; head dim D static per compiled kernel (64, 96, 128, 192, 256),
     rows and batch strides multiples of 8 elements, data on 16 bytes
-  - ``with_lse`` False (varlen): the prepare pass writes only D (the caller lays the rows out)
+  - varlen (``cu_seqlens``, int32): O, dO (1, total, H, D), the LSE (1, H, total), its log2
+    copy and D (1, H, padded rows): sequence b's rows from ``padded_row_offset``, the tensor at
+    least ``total + 4 * batches`` rows wide (the rows between sequences are zeroed)
   - the finish pass's ``tile_m`` and ``varlen`` those of the main kernel that filled the
     accumulator
 """
@@ -34,9 +36,10 @@ from dataclasses import dataclass
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, const_expr
+from cutlass import Float32, Int32, const_expr
 
 from ..primitives.reduce import add, shuffle_combine
+from .bwd_sm90 import padded_row_offset
 from .dq_accum import THREADS as WG_THREADS, WG_ROWS, chunk_address, chunk_row, dq_split, dq_warpgroups, fragment_col, fragment_row
 from .mask import Sequence
 
@@ -50,9 +53,9 @@ class BwdRowsConfig:
     """Compile-time configuration of the prepare pass."""
 
     head_dim: int
-    with_lse: bool = True  # the LSE's log2 copy written too (False: varlen)
+    varlen: bool = False  # packed sequences (``cu_seqlens``)
 
-    label_fields = ("head_dim", "with_lse")  # in ``label`` (the self-check's table)
+    label_fields = ("head_dim", "varlen")  # in ``label`` (the self-check's table)
 
     @property
     def threads_per_row(self) -> int:
@@ -71,7 +74,7 @@ class BwdRowsConfig:
 
     @property
     def label(self) -> str:
-        return f"d{self.head_dim}{'' if self.with_lse else ' D only'}"
+        return f"d{self.head_dim}{' varlen' if self.varlen else ''}"
 
 
 def _vector(t: cute.Tensor, batch, token, head, vector, size: int = VEC) -> cute.Tensor:
@@ -89,9 +92,11 @@ class BwdPrepareSm90:
 
     @cute.jit
     def __call__(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
-                 mD: cute.Tensor, mAcc: cute.Tensor, stream):
-        self.kernel(mO, mdO, mLSE, mLSE2, mD, mAcc).launch(
-            grid=[cute.ceil_div(mO.shape[1], self.config.rows), mO.shape[2], mO.shape[0]],
+                 mD: cute.Tensor, mAcc: cute.Tensor, mCuSeqlens: cute.Tensor | None,
+                 max_tokens: Int32, stream):
+        batches = mCuSeqlens.shape[0] - 1 if const_expr(self.config.varlen) else mO.shape[0]
+        self.kernel(mO, mdO, mLSE, mLSE2, mD, mAcc, mCuSeqlens).launch(
+            grid=[cute.ceil_div(max_tokens, self.config.rows), mO.shape[2], batches],
             block=[THREADS, 1, 1], stream=stream)
 
     @cute.jit
@@ -104,7 +109,7 @@ class BwdPrepareSm90:
 
     @cute.kernel
     def kernel(self, mO: cute.Tensor, mdO: cute.Tensor, mLSE: cute.Tensor, mLSE2: cute.Tensor,
-               mD: cute.Tensor, mAcc: cute.Tensor):
+               mD: cute.Tensor, mAcc: cute.Tensor, mCuSeqlens: cute.Tensor | None):
         cfg = self.config
         tidx, _, _ = cute.arch.thread_idx()
         block, head, batch = cute.arch.block_idx()
@@ -112,7 +117,13 @@ class BwdPrepareSm90:
         per_pass = THREADS // cfg.threads_per_row
         token0 = block * cfg.rows + tidx // cfg.threads_per_row
         vector = tidx % cfg.threads_per_row
-        tokens = mO.shape[1]
+        # where this sequence's tokens are read (row_batch, first) and its statistics go
+        # (first_row): varlen packs the tokens and pads the statistics' rows
+        row_batch, first, first_row, tokens = batch, Int32(0), Int32(0), mO.shape[1]
+        if const_expr(cfg.varlen):
+            row_batch, first = 0, mCuSeqlens[batch]
+            tokens = mCuSeqlens[batch + 1] - first
+            first_row = padded_row_offset(first, batch)
         passes = const_expr(cfg.passes)
         o = cute.make_rmem_tensor((VEC, passes), mO.element_type)
         do = cute.make_rmem_tensor((VEC, passes), mdO.element_type)
@@ -121,8 +132,8 @@ class BwdPrepareSm90:
         for p in cutlass.range_constexpr(passes):  # every load in flight before any sum
             token = token0 + p * per_pass
             if self._inside(token, tokens, vector):
-                cute.autovec_copy(_vector(mO, batch, token, head, vector), o[None, p])
-                cute.autovec_copy(_vector(mdO, batch, token, head, vector), do[None, p])
+                cute.autovec_copy(_vector(mO, row_batch, first + token, head, vector), o[None, p])
+                cute.autovec_copy(_vector(mdO, row_batch, first + token, head, vector), do[None, p])
         self.zero_accumulator(mAcc, head, batch * blocks + block, blocks * batches, tidx)
         for p in cutlass.range_constexpr(passes):
             token = token0 + p * per_pass
@@ -131,11 +142,25 @@ class BwdPrepareSm90:
                 dot = dot + Float32(o[i, p]) * Float32(do[i, p])
             (dot,) = shuffle_combine((dot,), add, cfg.threads_per_row)
             if token < tokens and vector == 0:
-                mD[batch, head, token] = dot
-                if const_expr(cfg.with_lse):
-                    lse = mLSE[batch, head, token]
-                    mLSE2[batch, head, token] = cutlass.select_(
-                        lse == -Float32.inf, Float32.inf, lse * LOG2_E)
+                mD[row_batch, head, first_row + token] = dot
+                lse = mLSE[row_batch, head, first + token]
+                mLSE2[row_batch, head, first_row + token] = cutlass.select_(
+                    lse == -Float32.inf, Float32.inf, lse * LOG2_E)
+        if const_expr(cfg.varlen):
+            self.zero_gap(mLSE2, mD, mCuSeqlens, batch, head, first_row + tokens, block, tidx)
+
+    @cute.jit
+    def zero_gap(self, mLSE2, mD, mCuSeqlens, batch, head, gap, block, tidx):
+        """Varlen: zero the rows between this sequence's last statistics row and the next
+        sequence's first (after the last sequence: up to the tensor's width). The main kernel
+        reads them as masked rows past a sequence, so they must not be NaN; at most 10 rows
+        (``padded_row_offset``'s rounding and the launcher's width)."""
+        end = mLSE2.shape[2]
+        if batch + 1 < mCuSeqlens.shape[0] - 1:
+            end = padded_row_offset(mCuSeqlens[batch + 1], batch + 1)
+        if block == 0 and tidx < 16 and gap + tidx < end:
+            mLSE2[0, head, gap + tidx] = Float32(0.0)
+            mD[0, head, gap + tidx] = Float32(0.0)
 
     @cute.jit
     def zero_accumulator(self, mAcc: cute.Tensor, head, share, shares, tidx):
