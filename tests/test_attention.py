@@ -329,6 +329,17 @@ def test_backward_long_and_fp16(causal):
 
 
 @gpu
+@pytest.mark.parametrize("b,sq,sk,hq,hkv,dim,kw", [
+    (5, 3000, 3000, 2, 1, 128, {"causal": True}),  # 24 key blocks: groups of 4 pairs, then 1
+    (3, 2500, 2500, 1, 1, 256, {"window_size": (-1, 16)}),  # a group wider than the pairs
+    (3, 2000, 2600, 4, 2, 64, {"causal": True}),  # 6 pairs: 4, then 2; Sk > Sq
+])
+def test_backward_masked_pair_groups_cover_every_key_block(b, sq, sk, hq, hkv, dim, kw):
+    # masked grids take the CTAs key block by key block over groups of pairs (bwd_sm90._tile)
+    check_backward(*qkv(b, sq, sk, hq, hkv, dim), **kw)
+
+
+@gpu
 @pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (40, 8)}])
 @pytest.mark.parametrize("dim", [64, 128, 192, 256])
 def test_backward_varlen(kw, dim):

@@ -184,7 +184,8 @@ class FlashAttnBwdSm90:
     @cute.jit
     def __call__(self, mQ, mK, mV, mdO, mLSE, mD, mdQ, mdK, mdV, mCuSeqlensQ, mCuSeqlensK, mSem,
                  scale_log2: Float32, softcap_prescale: Float32, dk_scale: Float32,
-                 window_left: Int32, window_right: Int32, max_seqlen_k: Int32, stream):
+                 window_left: Int32, window_right: Int32, max_seqlen_k: Int32, l2_group: Int32,
+                 stream):
         cfg = self.config
         self.dtype = mQ.element_type
         varlen = const_expr(cfg.varlen)
@@ -238,7 +239,7 @@ class FlashAttnBwdSm90:
             # dK and dV: the tensors (varlen's partial blocks) and their TMA stores
             (dk, dv, tma_dk, tma_tensor_dk, tma_dv, tma_tensor_dv), mCuSeqlensQ, mCuSeqlensK,
             mSem, q.shape[0], k.shape[0], heads, heads_kv, scale_log2,
-            softcap_prescale, dk_scale, window_left, window_right, self.sQ_layout,
+            softcap_prescale, dk_scale, window_left, window_right, l2_group, self.sQ_layout,
             self.sK_layout, self.sdS_layout, self.sdO_layout, self.mma_s,
             self.mma_kv, self.mma_dq,
         ).launch(grid=grid, block=[384, 1, 1], min_blocks_per_mp=1, stream=stream)
@@ -250,7 +251,7 @@ class FlashAttnBwdSm90:
                mdQ, kv_out, mCuSeqlensQ, mCuSeqlensK, mSem, seqlen_q_static: Int32,
                seqlen_k_static: Int32, heads: Int32, heads_kv: Int32, scale_log2: Float32,
                softcap_prescale: Float32, dk_scale: Float32, window_left: Int32,
-               window_right: Int32, sQ_layout: cute.ComposedLayout,
+               window_right: Int32, l2_group: Int32, sQ_layout: cute.ComposedLayout,
                sK_layout: cute.ComposedLayout, sdS_layout: cute.ComposedLayout,
                sdO_layout: cute.ComposedLayout,
                mma_s: cute.TiledMma, mma_kv: cute.TiledMma, mma_dq: cute.TiledMma):
@@ -286,7 +287,7 @@ class FlashAttnBwdSm90:
         sLSE = storage.sLSE.get_tensor(cute.make_layout((self.tile_m, cfg.stages)))
         sD = storage.sD.get_tensor(cute.make_layout((self.tile_m, self.do_buffers)))
 
-        n_block, head_kv, batch = cute.arch.block_idx()
+        n_block, head_kv, batch = self._tile(l2_group)
         seq = Sequence(batch, seqlen_q_static, seqlen_k_static, mCuSeqlensQ, mCuSeqlensK)
         group = heads // heads_kv
         m_min, m_max = self.query_blocks(seq, n_block, window_left, window_right)
@@ -307,6 +308,33 @@ class FlashAttnBwdSm90:
                 self.mma(mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, kv_out,
                          pipe_kv, pipe_qdo, pipe_do, work, scale_log2, softcap_prescale, dk_scale,
                          window_left, window_right, tidx - 128)
+
+    @cute.jit
+    def _tile(self, l2_group):
+        """(key block, key / value head, sequence) of this CTA. The grid is (key blocks, kv heads,
+        sequences). Without a mask, each (head, sequence) pair's key blocks in turn: the CTAs
+        that run together share the pair's Q and dO in the L2. With one (fixed lengths), the
+        low key blocks' walks are the longest (all query blocks past their diagonal, over the
+        group's query heads), so the pairs' longest walks would start last and run alone at
+        the end: the CTAs go in groups of ``l2_group`` pairs (as many as have their Q and dO
+        fit in the L2 together), key block by key block over a group's pairs, longest walks
+        first. Not with ``deterministic``, whose adds wait for the higher key blocks
+        (``_rank``): those must not be the CTAs still waiting for an SM."""
+        n_block, head_kv, batch = cute.arch.block_idx()
+        cfg = self.config
+        if const_expr(cfg.local and not cfg.deterministic and not cfg.varlen):
+            blocks, heads_kv, batches = cute.arch.grid_dim()
+            pairs = heads_kv * batches
+            linear = n_block + blocks * (head_kv + heads_kv * batch)
+            per_group = l2_group * blocks
+            group = linear // per_group
+            in_group = linear - group * per_group
+            group_pairs = cutlass.min(l2_group, pairs - group * l2_group)
+            n_block = in_group // group_pairs
+            pair = group * l2_group + in_group - n_block * group_pairs
+            batch = pair // heads_kv
+            head_kv = pair - batch * heads_kv
+        return n_block, head_kv, batch
 
     @cute.jit
     def query_blocks(self, seq, n_block, window_left, window_right):
