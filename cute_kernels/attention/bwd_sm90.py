@@ -82,6 +82,7 @@ from .config import AttentionBwdConfig
 from .dq_accum import bulk_reduce_add, chunk_address, chunk_row, dq_split, dq_warpgroups, store_fragment
 from .fragments import as_operand_a, convert_pairs, rows_cols, warpgroup_gemm
 from .mask import Sequence, mask_columns
+from .schedule import grouped_rank
 
 PRODUCER_REGISTERS, MMA_REGISTERS = 24, 240
 # setmaxnreg moves registers between warpgroups inside the 168 per thread the 384-thread launch
@@ -324,16 +325,8 @@ class FlashAttnBwdSm90:
         cfg = self.config
         if const_expr(cfg.local and not cfg.deterministic and not cfg.varlen):
             blocks, heads_kv, batches = cute.arch.grid_dim()
-            pairs = heads_kv * batches
             linear = n_block + blocks * (head_kv + heads_kv * batch)
-            per_group = l2_group * blocks
-            group = linear // per_group
-            in_group = linear - group * per_group
-            group_pairs = cutlass.min(l2_group, pairs - group * l2_group)
-            n_block = in_group // group_pairs
-            pair = group * l2_group + in_group - n_block * group_pairs
-            batch = pair // heads_kv
-            head_kv = pair - batch * heads_kv
+            n_block, head_kv, batch = grouped_rank(linear, blocks, heads_kv, batches, l2_group)
         return n_block, head_kv, batch
 
     @cute.jit

@@ -65,6 +65,7 @@ from ..primitives.named_barriers import AttentionBarrier
 from .config import AttentionFwdConfig
 from .fragments import as_operand_a, convert_pairs, rows_cols, warpgroup_gemm
 from .mask import Sequence, TileMask
+from .schedule import grouped_rank
 from .softmax import OnlineSoftmax, scale_rows
 
 LOG2_E = math.log2(math.e)
@@ -173,15 +174,8 @@ class FlashAttnFwdSm90:
     @cute.jit
     def tile_coords(self, tile, m_blocks, heads, batches, l2_group):
         """(m_block, head, batch) of linear tile index ``tile`` (module docstring: tile order)."""
-        pairs = heads * batches
-        per_group = l2_group * m_blocks
-        group = tile // per_group
-        in_group = tile - group * per_group
-        group_pairs = cutlass.min(l2_group, pairs - group * l2_group)
-        m_rank = in_group // group_pairs
-        pair = group * l2_group + in_group - m_rank * group_pairs
-        batch = pair // heads
-        return m_blocks - 1 - m_rank, pair - batch * heads, batch
+        m_rank, head, batch = grouped_rank(tile, m_blocks, heads, batches, l2_group)
+        return m_blocks - 1 - m_rank, head, batch
 
     @cute.kernel
     def kernel(self, tma_q, mQ, tma_k, mK, tma_v, mV, tma_o, mO, mLSE, mCuSeqlensQ, mCuSeqlensK,
