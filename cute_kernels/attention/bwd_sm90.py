@@ -6,7 +6,9 @@ Design:
     loaded once and stay in shared memory; the CTA walks every query head of its group (GQA:
     dK and dV summed over the group in registers, never expanded) and, per head, the query
     blocks (tile_m rows) that may see its keys. A producer warp streams Q and dO blocks through
-    a ``stages``-deep TMA pipeline.
+    a ``stages``-deep TMA pipeline. Grid order (``_tile``): each (kv head, sequence) pair's key
+    blocks in turn, so the CTAs that run together share its Q and dO in the L2; with a causal
+    mask, groups of pairs key block by key block, the longest walks first.
   - Two MMA warpgroups, 64 keys each, per query block: S^T = K Q^T and dP^T = V dO^T (wgmma,
     shared-memory operands), P^T = exp2(S^T * scale * log2 e - LSE * log2 e) recomputed from
     the forward's LSE (``lse_log2``, +inf for a row that saw no key), dS^T = P^T (dP^T - D),

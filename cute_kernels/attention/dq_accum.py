@@ -17,6 +17,12 @@ warp adds it to global memory with one 1-D bulk reduce. Value v of thread t is e
 (+ 8 for v % 4 >= 2), columns 8 (v / 4) + 2 (t % 4) + v % 2. The warpgroup tiles of a block
 split it by rows (tile_m 128: 64 rows each, all of D) or by columns (tile_m 64: ``dq_cols``
 each; one warpgroup takes all of D at head dim 96).
+
+Constraints:
+  - dQ tiles of 64 rows (one m64 wgmma per warpgroup) and a multiple of 8 columns; 128 threads
+    per warpgroup
+  - the accumulator fp32, contiguous, on 16 bytes (every tile then starts on 16 bytes: a bulk
+    reduce's source, destination and size must be)
 """
 
 from __future__ import annotations

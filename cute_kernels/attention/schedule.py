@@ -6,6 +6,9 @@ blocks. Taken pair by pair, the last pairs' longest tiles would start last and r
 the end. ``grouped_rank`` orders a grid of ``ranks`` tiles per pair in groups of ``group``
 pairs (as many as share the L2, chosen by the launcher): the groups in turn, within a group
 rank by rank (longest first) over its pairs.
+
+Constraints:
+  - ``group`` >= 1 (any value: the last group takes the pairs left); grid indices in 32 bits
 """
 
 from __future__ import annotations
