@@ -81,7 +81,8 @@ from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from ..primitives.named_barriers import AttentionBwdBarrier
 from .config import AttentionBwdConfig
-from .dq_accum import bulk_reduce_add, chunk_address, chunk_row, dq_split, dq_warpgroups, store_fragment
+from .dq_accum import (bulk_reduce_add, chunk_address, chunk_row, dq_split, dq_warpgroups,
+                       store_fragment)
 from .fragments import as_operand_a, convert_pairs, rows_cols, warpgroup_gemm
 from .mask import Sequence, mask_columns
 from .schedule import grouped_rank
@@ -598,7 +599,8 @@ class FlashAttnBwdSm90:
             cute.arch.fence_view_async_shared()
             cute.arch.barrier(barrier_id=ds_ready, number_of_threads=256)
             if const_expr(self.dq_wgs == 2) or wg == 0:
-                acc_dq = cute.make_rmem_tensor(dq_ops.partition_shape_C((64, self.dq_cols)), Float32)
+                acc_dq = cute.make_rmem_tensor(dq_ops.partition_shape_C((64, self.dq_cols)),
+                                               Float32)
                 warpgroup_gemm(mma_dq, acc_dq, tQrdS[None, None, None, b], tQrK, True)
                 warpgroup_gemm(mma_kv, acc_dk, tKrdS, tKrQ[None, None, None, b], False)
                 warpgroup.wait_group(1)  # dV and dQ done, dK in flight

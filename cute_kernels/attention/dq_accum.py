@@ -74,7 +74,8 @@ def bulk_reduce_add(dst: cutlass.Int64, src: Int32, size: cutlass.Constexpr, iss
     group (the caller commits and waits)."""
     cute.arch.inline_ptx(
         "{ .reg .pred p; setp.ne.b32 p, {$r2}, 0;"
-        f" @p cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [{{$r0}}], [{{$r1}}], {size}; }}",
+        " @p cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"
+        f" [{{$r0}}], [{{$r1}}], {size}; }}",
         read_only_args=[dst, src, cutlass.select_(issue, Int32(1), Int32(0))])
 
 

@@ -53,7 +53,7 @@ def bwd_kernel_specs(dtype: str, head_dim: int, varlen: bool) -> tuple:
     dq = _accum_spec(head_dim)
     cu = TensorSpec("int32", (Sym(),), (1,), 4) if varlen else None
     semaphores = TensorSpec("int32", (Sym(),) * 3, (Sym(), Sym(), 1), 4)  # (B, Hq, query blocks)
-    scalars = tuple(ScalarSpec(t) for t in ("float32", "float32", "float32", "int32", "int32", "int32", "int32"))
+    scalars = tuple(ScalarSpec(t) for t in ("float32",) * 3 + ("int32",) * 4)
     return (qkv, qkv, qkv, qkv, rows, rows, dq, qkv, qkv, cu, cu, semaphores) + scalars + (StreamSpec(),)
 
 
@@ -79,10 +79,12 @@ def _bwd_rows_configurations(dims, dtypes, bwd_configs) -> list:
     from .preprocess import BwdFinishConfig, BwdFinishSm90, BwdPrepareSm90, BwdRowsConfig
 
     finishes = sorted({(c.head_dim, c.tile_m, c.varlen) for c in bwd_configs if c.head_dim in dims})
-    return ([(BwdPrepareSm90, BwdRowsConfig(d, varlen), bwd_rows_specs(dtype, d, varlen)["BwdPrepareSm90"])
-             for d in dims for dtype in dtypes for varlen in (False, True)]
-            + [(BwdFinishSm90, BwdFinishConfig(*f), bwd_rows_specs(dtype, f[0], f[2])["BwdFinishSm90"])
-               for f in finishes for dtype in dtypes])
+    prepares = [(BwdPrepareSm90, BwdRowsConfig(d, varlen),
+                 bwd_rows_specs(dtype, d, varlen)["BwdPrepareSm90"])
+                for d in dims for dtype in dtypes for varlen in (False, True)]
+    return prepares + [(BwdFinishSm90, BwdFinishConfig(*f),
+                        bwd_rows_specs(dtype, f[0], f[2])["BwdFinishSm90"])
+                       for f in finishes for dtype in dtypes]
 
 
 def compile_configurations(quick: bool = False) -> list:
@@ -254,9 +256,8 @@ def flash_attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
 def _compiled(kind: str, config, dtype: torch.dtype, device_index: int):
     """The compiled kernel of ``kind`` ("fwd", "bwd"; "bwd_prepare": then ``config`` is (head
     dim, varlen); "bwd_finish": (head dim, tile_m, varlen)) for a configuration and dtype on a
-    device: the
-    compile cache's lookup, which builds and hashes the argument specs (tens of microseconds of
-    host time), once per process."""
+    device: the compile cache's lookup, which builds and hashes the argument specs (tens of
+    microseconds of host time), once per process."""
     name = dtype_name(dtype)
     if kind == "fwd":
         from .fwd_sm90 import FlashAttnFwdSm90  # the kernel modules: imported at the first compile
@@ -272,7 +273,8 @@ def _compiled(kind: str, config, dtype: torch.dtype, device_index: int):
         return get_kernel(preprocess.BwdPrepareSm90, preprocess.BwdRowsConfig(head_dim, varlen),
                           bwd_rows_specs(name, head_dim, varlen)["BwdPrepareSm90"])
     head_dim, tile_m, varlen = config
-    return get_kernel(preprocess.BwdFinishSm90, preprocess.BwdFinishConfig(head_dim, tile_m, varlen),
+    return get_kernel(preprocess.BwdFinishSm90,
+                      preprocess.BwdFinishConfig(head_dim, tile_m, varlen),
                       bwd_rows_specs(name, head_dim, varlen)["BwdFinishSm90"])
 
 

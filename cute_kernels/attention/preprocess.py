@@ -40,7 +40,9 @@ from cutlass import Float32, Int32, const_expr
 
 from ..primitives.reduce import add, shuffle_combine
 from .bwd_sm90 import padded_row_offset
-from .dq_accum import THREADS as WG_THREADS, WG_ROWS, chunk_address, chunk_row, dq_split, dq_warpgroups, fragment_col, fragment_row
+from .dq_accum import THREADS as WG_THREADS
+from .dq_accum import (WG_ROWS, chunk_address, chunk_row, dq_split, dq_warpgroups, fragment_col,
+                       fragment_row)
 from .mask import Sequence
 
 LOG2_E = math.log2(math.e)
@@ -77,9 +79,9 @@ class BwdRowsConfig:
         return f"d{self.head_dim}{' varlen' if self.varlen else ''}"
 
 
-def _vector(t: cute.Tensor, batch, token, head, vector, size: int = VEC) -> cute.Tensor:
-    """``size`` values, vector ``vector`` of row (batch, token, head) of a (B, S, H, D) tensor."""
-    return cute.local_tile(t[batch, token, head, None], (size,), (vector,))
+def _vector(t: cute.Tensor, batch, token, head, vector) -> cute.Tensor:
+    """8 values, vector ``vector`` of row (batch, token, head) of a (B, S, H, D) tensor."""
+    return cute.local_tile(t[batch, token, head, None], (VEC,), (vector,))
 
 
 class BwdPrepareSm90:
@@ -176,7 +178,8 @@ class BwdPrepareSm90:
         for u in cutlass.range(tidx, per * vectors, THREADS, unroll=2):
             row = first + u // vectors
             if row < end:
-                cute.autovec_copy(zeros, cute.local_tile(mAcc[head, row, None], (4,), (u % vectors,)))
+                dst = cute.local_tile(mAcc[head, row, None], (4,), (u % vectors,))
+                cute.autovec_copy(zeros, dst)
 
 
 @dataclass(frozen=True)
