@@ -278,6 +278,9 @@ def test_nvfp4_product_kernels_decode_in_registers_without_spills(case):
             # streaming: 16-byte loads straight to registers, the step loop unrolled by the
             # prefetch distance, no ring
             assert "ld.global.nc.L1::no_allocate.v4.b32" in ptx and "cp.async" not in ptx
+            # the weight's loads (two rows per step and prefetch slot) carry the L2 fetch size
+            fetched = ptx.count(f"ld.global.nc.L1::no_allocate.L2::{config.l2_fetch}B.v4.b32")
+            assert fetched == (2 * config.prefetch * 2 if config.l2_fetch else 0), fetched
             expected *= config.prefetch
         else:
             assert "cp.async.cg.shared.global" in ptx, "a ring of 16-byte cp.async copies feeds the MMAs"

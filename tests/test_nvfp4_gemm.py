@@ -345,9 +345,17 @@ def test_skinny_plan_heuristic():
     assert cfg.prefetch and (cfg.warps, cfg.slabs, cfg.x_rows, splits) == (4, 1, 1, 3) and cfg.split
     assert plan(1, 4096, 1024)[1] == 2 and plan(1, 4096, 256)[1] == 1
     assert plan(1, 65536, 4096)[1] == 2 and plan(3, 8192)[0].x_rows == 4
-    for m, n, k in ((1, 128, 65536), (4, 64, 1 << 20), (2, 300000, 8192)):
+    # ranges of 8 steps or more: multiples of 4 steps (256-byte blocks of a row) with 256-byte
+    # L2 fetches; every range within x's staging, none empty (the kernel's own range rule)
+    assert plan(1, 8192)[0].l2_fetch == 256 and plan(1, 4096, 1024)[0].l2_fetch == 0
+    for m, n, k in ((1, 128, 65536), (4, 64, 1 << 20), (2, 300000, 8192), (1, 1000, 4224),
+                    *((m, n, k) for m in (1, 4) for n in (64, 7168, 65536) for k in range(32, 9000, 96))):
         cfg, splits = plan(m, n, k)
-        assert cfg.prefetch and -(-k // 128 // splits) <= cfg.x_steps and cfg.x_rows >= m
+        steps = -(-k // 128)
+        per = -(-(-(-steps // splits)) // cfg.granule) * cfg.granule
+        assert cfg.prefetch and per <= cfg.x_steps and cfg.x_rows >= m
+        assert splits * per >= steps > (splits - 1) * per and cfg.split == (splits > 1)
+        assert (cfg.l2_fetch, cfg.granule) == ((256, 4) if per >= 8 else (0, 1))
     # 5 to 8 rows: the ring, one token tile, small CTAs, K cut to ~6 CTAs per SM
     cfg, splits = plan(8, 8192)
     assert not cfg.prefetch and (cfg.token_tiles, cfg.warps, cfg.slabs, splits) == (1, 4, 1, 7)

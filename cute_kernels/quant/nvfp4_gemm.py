@@ -51,11 +51,15 @@ def skinny_plan(m: int, n: int, k: int, batch: int, x_format: str, out_dtype: st
     rows (measured on an H200 and an H100, ``benchmarks/NOTES.md``):
       - 8-token MMA tiles for the rows of x (1, 2, 4 or 8 tiles);
       - up to ``STREAM_MAX_M`` rows of x: streaming (CTAs of 4 warps, 64 weight rows; each lane
-        loads its codes 4 steps ahead into registers; x staged once per CTA), K cut into about
-        three CTAs per SM where row blocks are fewer than that, else into ranges of at most
-        16 steps (H100, same run, streaming / ring: nvfp4_gemv (7168, 16384, 1) 33.4 / 40.0
-        us, (4096, 7168, 8) 60.7 / 69.9, (7168, 2048, 4) 18.2 / 24.4; bf16 x 1 x 8192^2
-        22.5 / 24.9, 1 x 4096 x 14336 20.4 / 23.0, 3 x 4096 x 4064 17.4 / 18.5);
+        loads its codes 4 steps ahead into registers; x staged once per CTA), K cut into at
+        most three CTAs per SM where row blocks are fewer than that, else into ranges of at
+        most 16 steps (H100, same run, streaming / ring: nvfp4_gemv (7168, 16384, 1) 33.4 /
+        40.0 us, (4096, 7168, 8) 60.7 / 69.9, (7168, 2048, 4) 18.2 / 24.4; bf16 x 1 x 8192^2
+        22.5 / 24.9, 1 x 4096 x 14336 20.4 / 23.0, 3 x 4096 x 4064 17.4 / 18.5); ranges of 8
+        steps or more rounded up to a multiple of 4, with 256-byte L2 fetches (H100, same run,
+        GPU time: (7168, 16384, 1) 33.2 -> 30.3 us, (4096, 7168, 8) 61.1 -> 56.7, (7168, 2048,
+        4) 18.6 -> 18.0, bf16 x 1 x 8192^2 22.7 -> 20.4; 1 x 14336 x 4096 at one range 19.2
+        against two 20.4: the split's partial sums cost more than the CTAs it adds);
       - 5 to 8 rows of x (one token tile): CTAs of 4 warps (64 weight rows, a 4-stage ring), K
         cut until there are about six CTAs per SM;
       - more rows: 8 warps (x shared by 128 or 256 weight rows), two 16-row slabs per warp where
@@ -72,13 +76,20 @@ def skinny_plan(m: int, n: int, k: int, batch: int, x_format: str, out_dtype: st
         # Streaming: the weight into registers STREAM_PREFETCH steps ahead, no barrier.
         blocks = -(-n // 64) * batch
         if blocks < 3 * sms:
-            splits = max(1, min(round(3 * sms / blocks), steps // 4))
+            splits = max(1, min(3 * sms // blocks, steps // 4))
         else:
             splits = -(-steps // 16)
         splits = max(splits, -(-steps // STREAM_X_STEPS))
+        per_split = -(-steps // splits)
+        long_ranges = per_split >= 8
+        if long_ranges:  # whole 256-byte blocks of each row per range
+            per_split = -(-per_split // 4) * 4
+        splits = -(-steps // per_split)  # no empty range
         x_rows = 1 << max(0, (m - 1).bit_length())
         return SkinnyConfig(1, 1, 4, 2, splits > 1, x_format, out_dtype, prefetch=STREAM_PREFETCH,
-                            x_steps=STREAM_X_STEPS, x_rows=x_rows), splits
+                            x_steps=STREAM_X_STEPS, x_rows=x_rows,
+                            l2_fetch=256 if long_ranges else 0,
+                            granule=4 if long_ranges else 1), splits
     if tiles == 1:
         warps, slabs, stages = 4, 1, 4
         blocks = -(-n // 64) * batch
@@ -906,7 +917,10 @@ def compile_configurations(quick: bool = False):
     for m in (1, 2, 3, 8, 16, 32, 64):
         for x_format, out_dtypes in outs.items():
             for out in out_dtypes if m == 1 else out_dtypes[:1]:
-                for n, k in ((1024, 8192), (16384, 8192), (65536, 8192)):  # split, not, two slabs
+                shapes = ((1024, 8192), (16384, 8192), (65536, 8192))  # split, not, two slabs
+                if m <= STREAM_MAX_M:  # streaming: one range of K, long and short
+                    shapes += ((32768, 2048), (32768, 512))
+                for n, k in shapes:
                     cfg = skinny_plan(m, n, k, 1, x_format, out, 132)[0]
                     if cfg not in seen:
                         seen.add(cfg)

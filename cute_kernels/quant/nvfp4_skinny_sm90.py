@@ -38,12 +38,17 @@ Design:
     step's barrier) into one of two shared buffers, in the order the MMA lanes read them (one
     16-byte load per word), instead of every lane of every warp decoding its own copy.
   - Streaming (``prefetch`` > 0; one token tile, one slab, up to 8 rows of x): no ring and no
-    barrier in the loop. The CTA first stages x's MMA words for its whole range of K in shared
-    memory (NVFP4 x decoded, 16-bit x permuted into pairs; one barrier), then each warp walks
+    barrier in the loop. Each lane issues the loads of its first ``prefetch`` steps, then the
+    CTA stages x's MMA words for its whole range of K in shared memory (NVFP4 x decoded,
+    16-bit x permuted into pairs; one barrier) while they are in flight; then each warp walks
     its 16 rows alone: every lane loads its 16 bytes of codes per row and its scale words
     straight into registers (``ld.global.nc``) ``prefetch`` steps ahead, and decodes and
     multiplies the step it loaded ``prefetch`` steps before -- the warps drift freely instead
-    of meeting at a barrier every step.
+    of meeting at a barrier every step. A step reads 64 bytes of each row; with ``l2_fetch``
+    = 256 the L2 fetches a row's next three steps from memory with the first (fewer, larger
+    memory requests: the stream runs nearer the memory's rate), and ``granule`` = 4 starts
+    every range of K on such a 256-byte block, so that no fetch reads into a neighbouring
+    CTA's range.
   - One range of K (``splits`` = 1): each lane writes its outputs. Several: each CTA adds its
     fp32 partial sums into a workspace (``red.global.add``) and counts itself in its row
     block's counter; the last CTA of the block reads the sums, writes the output, and leaves
@@ -100,6 +105,10 @@ class SkinnyConfig:
     prefetch: int = 0
     x_steps: int = 0
     x_rows: int = 1
+    # Streaming: bytes the L2 fetches from memory per miss of a weight load (0: the default
+    # sector pair; 128 or 256), and the steps a range of K is a multiple of.
+    l2_fetch: int = 0
+    granule: int = 1
 
     @property
     def half(self) -> bool:
@@ -197,13 +206,16 @@ def copy_async(dst: Int32, src: cutlass.Int64, size: cutlass.Constexpr, valid):
 
 
 @cute.jit
-def load_v4(address: cutlass.Int64, valid):
-    """16 bytes from global memory (read-only path, no L1 allocation) as four words; zeros
-    where not ``valid`` (nothing read)."""
+def load_v4(address: cutlass.Int64, valid, l2_fetch: cutlass.Constexpr = 0):
+    """16 bytes from global memory (read-only path, no L1 allocation; with ``l2_fetch`` the L2
+    fetches that many bytes around them on a miss) as four words; zeros where not ``valid``
+    (nothing read)."""
+    size = f".L2::{l2_fetch}B" if const_expr(l2_fetch) else ""
     return cute.arch.inline_ptx(
         "{ .reg .pred p; setp.ne.b32 p, {$r1}, 0;"
         " mov.b32 {$w0}, 0; mov.b32 {$w1}, 0; mov.b32 {$w2}, 0; mov.b32 {$w3}, 0;"
-        " @p ld.global.nc.L1::no_allocate.v4.b32 {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}]; }",
+        f" @p ld.global.nc.L1::no_allocate{size}.v4.b32"
+        " {{$w0}, {$w1}, {$w2}, {$w3}}, [{$r0}]; }",
         write_only_types=[Int32] * 4,
         read_only_args=[address, cutlass.select_(valid, Int32(1), Int32(0))])
 
@@ -292,12 +304,14 @@ class SkinnyGemmNvfp4Sm90:
         if (config.x_format not in X_FORMATS or config.out_dtype not in OUT_DTYPES
                 or config.token_tiles not in (1, 2, 4, 8) or config.slabs not in (1, 2)
                 or config.warps not in (2, 4, 8) or config.stages not in (2, 4, 8)
+                or config.l2_fetch not in (0, 128, 256) or config.granule < 1
                 or config.prefetch and (config.token_tiles != 1 or config.slabs != 1
                                         or config.x_rows not in (1, 2, 4, 8) or config.x_steps < 1)):
             raise ValueError(f"unsupported configuration {config}: x_format in {X_FORMATS}, "
                              f"out_dtype in {OUT_DTYPES}, 1 / 2 / 4 / 8 token tiles, 1 / 2 "
-                             f"slabs, 2 / 4 / 8 warps, 2 / 4 / 8 stages; streaming (prefetch > 0) "
-                             f"with one token tile, one slab, x_rows 1 / 2 / 4 / 8 and x_steps >= 1")
+                             f"slabs, 2 / 4 / 8 warps, 2 / 4 / 8 stages, l2_fetch 0 / 128 / 256, "
+                             f"granule >= 1; streaming (prefetch > 0) with one token tile, one "
+                             f"slab, x_rows 1 / 2 / 4 / 8 and x_steps >= 1")
         self.config = config
         self.x_fp4 = config.x_format == "nvfp4"
         # int32 words per stage: weights (4 per lane, row half, slab, warp), their scale words,
@@ -345,7 +359,8 @@ class SkinnyGemmNvfp4Sm90:
         g, t = lane // 4, lane % 4
         k_chunks = mW.shape[2] // 16
         steps = (k_chunks + 3) // 4
-        per_split = (steps + splits - 1) // splits
+        granule = const_expr(cfg.granule)
+        per_split = ((steps + splits - 1) // splits + granule - 1) // granule * granule
         first = split * per_split
         count = cutlass.max(cutlass.min(per_split, steps - first), 0)
         row0 = block * (16 * warps)
@@ -355,9 +370,6 @@ class SkinnyGemmNvfp4Sm90:
         # (pair, row of x, lane's chunk t, word q, step): lane (g, t)'s 16 bytes of word q
         sXD = smem.allocate_tensor(Int32, cute.make_layout((4, x_rows, 4, 4, cfg.x_steps)), 16)
         last = smem.allocate_tensor(Int32, cute.make_layout(1), 4)
-        self.stage_x(mX, mSX, sXD, l, first, count, k_chunks, m, x_coefficients, tidx)
-        cute.arch.barrier()
-
         w_src, ws_src, w_shift = [], [], []
         for h in cutlass.range_constexpr(2):
             r = cutlass.min(row0 + 16 * warp + 8 * h + g, rows - 1)
@@ -370,8 +382,11 @@ class SkinnyGemmNvfp4Sm90:
         scales = cute.make_rmem_tensor((2, ahead), Int32)
         acc = cute.make_rmem_tensor((4, 1, 1, 2), Float32)
         acc.fill(0.0)
+        # the first steps' weight loads in flight while x is staged
         for j in cutlass.range_constexpr(ahead):
             self.load_step(words, scales, j, w_src, ws_src, w_d, first, j, count, k_chunks, t)
+        self.stage_x(mX, mSX, sXD, l, first, count, k_chunks, m, x_coefficients, tidx)
+        cute.arch.barrier()
         for s0 in cutlass.range(0, count, ahead):
             for j in cutlass.range_constexpr(ahead):
                 if s0 + j < count:
@@ -421,7 +436,7 @@ class SkinnyGemmNvfp4Sm90:
         valid = step < count and (first + step) * 4 + t < k_chunks
         at = cutlass.Int64(first + step)
         for h in cutlass.range_constexpr(2):
-            v = load_v4(w_src[h] + at * 64, valid)
+            v = load_v4(w_src[h] + at * 64, valid, self.config.l2_fetch)
             for q in cutlass.range_constexpr(4):
                 words[q, h, j] = v[q]
             scales[h, j] = load_b32(ws_src[h] + at * (4 * w_d), valid)
