@@ -38,9 +38,10 @@ Design:
     step's barrier) into one of two shared buffers, in the order the MMA lanes read them (one
     16-byte load per word), instead of every lane of every warp decoding its own copy.
   - Streaming (``prefetch`` > 0; one token tile, one slab, up to 8 rows of x): no ring and no
-    barrier in the loop. Each lane issues the loads of its first ``prefetch`` steps, then the
-    CTA stages x's MMA words for its whole range of K in shared memory (NVFP4 x decoded,
-    16-bit x permuted into pairs; one barrier) while they are in flight; then each warp walks
+    barrier in the loop. Each thread issues the loads of its first piece of x, then those of
+    its first ``prefetch`` steps of the weight, then the CTA stages x's MMA words for its
+    whole range of K in shared memory (NVFP4 x decoded, 16-bit x permuted into pairs; one
+    barrier) while the weight is in flight (x's few bytes ahead of it); then each warp walks
     its 16 rows alone: every lane loads its 16 bytes of codes per row and its scale words
     straight into registers (``ld.global.nc``) ``prefetch`` steps ahead, and decodes and
     multiplies the step it loaded ``prefetch`` steps before -- the warps drift freely instead
@@ -382,10 +383,13 @@ class SkinnyGemmNvfp4Sm90:
         scales = cute.make_rmem_tensor((2, ahead), Int32)
         acc = cute.make_rmem_tensor((4, 1, 1, 2), Float32)
         acc.fill(0.0)
-        # the first steps' weight loads in flight while x is staged
+        # this thread's first piece of x, then the first steps' weight loads, in flight while
+        # x is staged
+        raw = self.load_x_piece(mX, mSX, l, first, k_chunks, m, x_coefficients, tidx,
+                                count * 4 * x_rows)
         for j in cutlass.range_constexpr(ahead):
             self.load_step(words, scales, j, w_src, ws_src, w_d, first, j, count, k_chunks, t)
-        self.stage_x(mX, mSX, sXD, l, first, count, k_chunks, m, x_coefficients, tidx)
+        self.stage_x(mX, mSX, sXD, l, first, count, k_chunks, m, x_coefficients, tidx, raw)
         cute.arch.barrier()
         for s0 in cutlass.range(0, count, ahead):
             for j in cutlass.range_constexpr(ahead):
@@ -399,35 +403,59 @@ class SkinnyGemmNvfp4Sm90:
                     lane, tidx)
 
     @cute.jit
-    def stage_x(self, mX, mSX, sXD, l, first, count, k_chunks, m, x_coefficients, tidx):
-        """x's MMA words for steps first .. first + count - 1: for each (step, chunk t, row of
-        x) its 32 values as the lanes (row, t) feed them to the MMA (NVFP4: decoded; 16-bit:
-        pairs (x_i, x_(i+4)) by byte permutes); rows past x's last are never read."""
-        cfg = self.config
-        half = const_expr(cfg.half)
-        x_rows = const_expr(cfg.x_rows)
-        for piece in cutlass.range(tidx, count * 4 * x_rows, 32 * cfg.warps):
-            step, rest = piece // (4 * x_rows), piece % (4 * x_rows)
-            tt, token = rest // x_rows, rest % x_rows
-            chunk = (first + step) * 4 + tt
-            ok = token < m and chunk < k_chunks
-            src_token = cutlass.select_(token < m, token, 0)
-            src_chunk = cutlass.select_(chunk < k_chunks, chunk, 0)
-            if const_expr(self.x_fp4):
-                codes = load_v4(_global(mX, (l, src_token, 16 * src_chunk)), ok)
-                address, shift = scale_word(mSX, l, scale_index(src_token, src_chunk, x_coefficients))
-                x0, x1 = scale_pairs(load_b32(address, ok), shift, half)
-                for q in cutlass.range_constexpr(4):
-                    d = decode_word(codes[q], x0 if q < 2 else x1, half)
-                    for p in cutlass.range_constexpr(4):
-                        sXD[p, token, tt, q, step] = d[p]
-            else:
-                for q in cutlass.range_constexpr(4):
-                    n = load_v4(_global(mX, (l, src_token, 32 * src_chunk + 8 * q)), ok)
-                    sXD[0, token, tt, q, step] = interleave(n[0], n[2], False)
-                    sXD[1, token, tt, q, step] = interleave(n[0], n[2], True)
-                    sXD[2, token, tt, q, step] = interleave(n[1], n[3], False)
-                    sXD[3, token, tt, q, step] = interleave(n[1], n[3], True)
+    def load_x_piece(self, mX, mSX, l, first, k_chunks, m, x_coefficients, piece, total):
+        """The raw words of x's piece ``piece`` of the range (a (step, chunk t, row of x): 32
+        values), zeros where it is past ``total`` or x's end: NVFP4 its 16 bytes of codes and
+        scale word, 16-bit its four 16-byte groups."""
+        x_rows = const_expr(self.config.x_rows)
+        step, rest = piece // (4 * x_rows), piece % (4 * x_rows)
+        tt, token = rest // x_rows, rest % x_rows
+        chunk = (first + step) * 4 + tt
+        ok = piece < total and token < m and chunk < k_chunks
+        src_token = cutlass.select_(token < m, token, 0)
+        src_chunk = cutlass.select_(chunk < k_chunks, chunk, 0)
+        if const_expr(self.x_fp4):
+            codes = load_v4(_global(mX, (l, src_token, 16 * src_chunk)), ok)
+            address, shift = scale_word(mSX, l, scale_index(src_token, src_chunk, x_coefficients))
+            return tuple(codes) + (load_b32(address, ok), shift)
+        words = ()
+        for q in cutlass.range_constexpr(4):
+            words += tuple(load_v4(_global(mX, (l, src_token, 32 * src_chunk + 8 * q)), ok))
+        return words
+
+    @cute.jit
+    def store_x_piece(self, sXD, raw, piece):
+        """Piece ``piece``'s 32 values in the order the lanes (row, t) feed them to the MMA
+        (NVFP4: decoded; 16-bit: pairs (x_i, x_(i+4)) by byte permutes)."""
+        half = const_expr(self.config.half)
+        x_rows = const_expr(self.config.x_rows)
+        step, rest = piece // (4 * x_rows), piece % (4 * x_rows)
+        tt, token = rest // x_rows, rest % x_rows
+        if const_expr(self.x_fp4):
+            x0, x1 = scale_pairs(raw[4], raw[5], half)
+            for q in cutlass.range_constexpr(4):
+                d = decode_word(raw[q], x0 if q < 2 else x1, half)
+                for p in cutlass.range_constexpr(4):
+                    sXD[p, token, tt, q, step] = d[p]
+        else:
+            for q in cutlass.range_constexpr(4):
+                n = raw[4 * q:4 * q + 4]
+                sXD[0, token, tt, q, step] = interleave(n[0], n[2], False)
+                sXD[1, token, tt, q, step] = interleave(n[0], n[2], True)
+                sXD[2, token, tt, q, step] = interleave(n[1], n[3], False)
+                sXD[3, token, tt, q, step] = interleave(n[1], n[3], True)
+
+    @cute.jit
+    def stage_x(self, mX, mSX, sXD, l, first, count, k_chunks, m, x_coefficients, tidx, raw):
+        """x's MMA words for steps first .. first + count - 1 (``store_x_piece``; rows past x's
+        last are never read); ``raw``: this thread's first piece, loaded earlier."""
+        total = count * 4 * self.config.x_rows
+        threads = const_expr(32 * self.config.warps)
+        if tidx < total:
+            self.store_x_piece(sXD, raw, tidx)
+        for piece in cutlass.range(tidx + threads, total, threads):
+            self.store_x_piece(sXD, self.load_x_piece(mX, mSX, l, first, k_chunks, m,
+                                                      x_coefficients, piece, total), piece)
 
     @cute.jit
     def load_step(self, words, scales, j, w_src, ws_src, w_d, first, step, count, k_chunks, t):
