@@ -68,6 +68,7 @@ W4A16_SHAPES = [  # (M, N, K): skinny (M <= 64, K % 32 == 0) and decoded paths, 
     (1, 4096, 4096), (1, 100, 96), (3, 257, 160), (16, 1000, 1024), (17, 128, 32),
     (33, 320, 512), (64, 2048, 256), (65, 300, 128), (200, 1024, 512), (8, 64, 48), (40, 96, 16),
     (1, 1000, 4064), (2, 300, 2080),  # two steps per ring stage, an odd count per range of K, a K tail
+    (5, 1000, 4096), (8, 2048, 2048), (6, 300, 8224),  # 5-8 rows streamed (x_rows 8), a K tail
 ]
 
 
@@ -349,16 +350,20 @@ def test_skinny_plan_heuristic():
     # L2 fetches; every range within x's staging, none empty (the kernel's own range rule)
     assert plan(1, 8192)[0].l2_fetch == 256 and plan(1, 4096, 1024)[0].l2_fetch == 0
     for m, n, k in ((1, 128, 65536), (4, 64, 1 << 20), (2, 300000, 8192), (1, 1000, 4224),
-                    *((m, n, k) for m in (1, 4) for n in (64, 7168, 65536) for k in range(32, 9000, 96))):
+                    *((m, n, k) for m in (1, 4, 8) for n in (64, 7168, 65536) for k in range(32, 9000, 96))):
         cfg, splits = plan(m, n, k)
         steps = -(-k // 128)
         per = -(-(-(-steps // splits)) // cfg.granule) * cfg.granule
         assert cfg.prefetch and per <= cfg.x_steps and cfg.x_rows >= m
         assert splits * per >= steps > (splits - 1) * per and cfg.split == (splits > 1)
         assert (cfg.l2_fetch, cfg.granule) == ((256, 4) if per >= 8 else (0, 1))
-    # 5 to 8 rows: the ring, one token tile, small CTAs, K cut to ~6 CTAs per SM
-    cfg, splits = plan(8, 8192)
-    assert not cfg.prefetch and (cfg.token_tiles, cfg.warps, cfg.slabs, splits) == (1, 4, 1, 7)
+    # 5 to 8 rows: 16-bit x streams (x_rows 8); NVFP4 x takes the ring, one token tile, small
+    # CTAs, K cut to ~6 CTAs per SM
+    for m in (5, 8):
+        cfg, splits = plan(m, 8192)
+        assert cfg.prefetch and cfg.x_rows == 8 and (cfg.warps, splits) == (4, 3)
+        cfg, splits = plan(m, 8192, x_format="nvfp4")
+        assert not cfg.prefetch and (cfg.token_tiles, cfg.warps, cfg.slabs, splits) == (1, 4, 1, 7)
     # more rows: 8 warps; K cut into ranges while the CTAs stay within one per SM, or two slabs
     # and no cut
     cfg, splits = plan(16, 8192)

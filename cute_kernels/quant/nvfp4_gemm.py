@@ -39,8 +39,15 @@ DEQUANT_OUT_NAMES = ("bfloat16", "float16", "float32")
 SKINNY_SMEM = 110 * 1024  # two CTAs of 8 warps per SM
 # Up to this many rows of x the skinny kernel streams the weight through registers
 # (``SkinnyConfig.prefetch`` steps ahead) with x staged once per CTA for at most
-# STREAM_X_STEPS steps of 128 values.
-STREAM_MAX_M = 4
+# STREAM_X_STEPS steps of 128 values: one token tile of 16-bit x, fewer rows of NVFP4 x (whose
+# staging decodes every row).
+STREAM_MAX_M = 8
+STREAM_MAX_M_NVFP4 = 4
+
+
+def streams(m: int, x_format: str) -> bool:
+    """Whether ``m`` rows of x take the skinny kernel's streaming path."""
+    return m <= (STREAM_MAX_M_NVFP4 if x_format == "nvfp4" else STREAM_MAX_M)
 STREAM_PREFETCH = 4
 STREAM_X_STEPS = 32
 
@@ -50,7 +57,8 @@ def skinny_plan(m: int, n: int, k: int, batch: int, x_format: str, out_dtype: st
     """(configuration, splits) of the skinny kernel for ``m`` rows of x against ``n`` weight
     rows (measured on an H200 and an H100, ``benchmarks/NOTES.md``):
       - 8-token MMA tiles for the rows of x (1, 2, 4 or 8 tiles);
-      - up to ``STREAM_MAX_M`` rows of x: streaming (CTAs of 4 warps, 64 weight rows; each lane
+      - up to ``STREAM_MAX_M`` rows of 16-bit x (``STREAM_MAX_M_NVFP4`` of NVFP4 x): streaming
+        (CTAs of 4 warps, 64 weight rows; each lane
         loads its codes 4 steps ahead into registers; x staged once per CTA), K cut into at
         most three CTAs per SM where row blocks are fewer than that, else into ranges of at
         most 16 steps (H100, same run, streaming / ring: nvfp4_gemv (7168, 16384, 1) 33.4 /
@@ -59,9 +67,11 @@ def skinny_plan(m: int, n: int, k: int, batch: int, x_format: str, out_dtype: st
         steps or more rounded up to a multiple of 4, with 256-byte L2 fetches (H100, same run,
         GPU time: (7168, 16384, 1) 33.2 -> 30.3 us, (4096, 7168, 8) 61.1 -> 56.7, (7168, 2048,
         4) 18.6 -> 18.0, bf16 x 1 x 8192^2 22.7 -> 20.4; 1 x 14336 x 4096 at one range 19.2
-        against two 20.4: the split's partial sums cost more than the CTAs it adds);
-      - 5 to 8 rows of x (one token tile): CTAs of 4 warps (64 weight rows, a 4-stage ring), K
-        cut until there are about six CTAs per SM;
+        against two 20.4: the split's partial sums cost more than the CTAs it adds); at 5-8
+        rows of bf16 x the ring (below) was 8-29% slower (5 x 8192^2 33.1 / 25.7 us, 8 x 14336
+        x 4096 32.0 / 27.2), at 8 rows of NVFP4 x faster (8 x 7168 x 16384 36.9 / 45.7);
+      - 5 to 8 rows of NVFP4 x (one token tile): CTAs of 4 warps (64 weight rows, a 4-stage
+        ring), K cut until there are about six CTAs per SM;
       - more rows: 8 warps (x shared by 128 or 256 weight rows), two 16-row slabs per warp where
         that still leaves 3/4 of the SMs a CTA (then K is not cut), else one slab and K cut into
         as many ranges as keep the CTAs within one per SM: these CTAs are bound by their own
@@ -72,7 +82,7 @@ def skinny_plan(m: int, n: int, k: int, batch: int, x_format: str, out_dtype: st
     tiles = 1 << max(0, (-(-m // 8) - 1).bit_length())
     steps = -(-k // 128)
     x_words = (4 * 32 + 32) * tiles if x_format == "nvfp4" else 16 * 32 * tiles
-    if m <= STREAM_MAX_M:
+    if streams(m, x_format):
         # Streaming: the weight into registers STREAM_PREFETCH steps ahead, no barrier.
         blocks = -(-n // 64) * batch
         if blocks < 3 * sms:
@@ -912,13 +922,14 @@ def compile_configurations(quick: bool = False):
     found, seen = [], set()
     outs = {"bfloat16": ("bfloat16",), "float16": ("float16",),
             "nvfp4": ("float16", "bfloat16", "float32")}
-    # streaming (1 to 4 rows: x_rows 1, 2, 4), the ring with one token tile (8), more; NVFP4 x's
-    # other output dtypes (the same kernels but for the epilogue's conversion) at one row only
+    # streaming (1 to 8 rows of 16-bit x, 1 to 4 of NVFP4 x: x_rows 1, 2, 4, 8), the ring with
+    # one token tile (8 rows of NVFP4 x), more; NVFP4 x's other output dtypes (the same kernels
+    # but for the epilogue's conversion) at one row only
     for m in (1, 2, 3, 8, 16, 32, 64):
         for x_format, out_dtypes in outs.items():
             for out in out_dtypes if m == 1 else out_dtypes[:1]:
                 shapes = ((1024, 8192), (16384, 8192), (65536, 8192))  # split, not, two slabs
-                if m <= STREAM_MAX_M:  # streaming: one range of K, long and short
+                if streams(m, x_format):  # streaming: one range of K, long and short
                     shapes += ((32768, 2048), (32768, 512))
                 for n, k in shapes:
                     cfg = skinny_plan(m, n, k, 1, x_format, out, 132)[0]
