@@ -508,11 +508,12 @@ def gemm_w4a16(x, w_fp4, w_scales, w_global_scale=1.0, bias=None, *, scale_layou
     ``w_scales`` None) every M runs the tensor-core kernel ``nvfp4_w4a16_sm90``: the GEMM's
     TMA + wgmma pipeline with the weight decoded in the MMA warpgroups' registers (bf16 x only,
     eager only). Otherwise up to 64 rows of x (decode and small prefill) run the skinny kernel
-    (``nvfp4_skinny_sm90``): the weight streamed once through a cp.async ring and decoded in
-    registers, warp-level tensor-core MMAs, CTAs of 4 or 8 warps over 64-256 weight rows sharing
-    x, K cut over CTAs where the weight has few rows (``skinny_plan``). More rows decode the
-    weight to x's dtype (one kernel, exact) and run ``ck.gemm`` on it. Repeated eager calls with
-    the same signature take a cached launch plan (checked once).
+    (``nvfp4_skinny_sm90``): the weight read once -- straight into registers up to 8 rows of x,
+    through a cp.async ring beyond -- and decoded in registers, warp-level tensor-core MMAs,
+    CTAs of 4 or 8 warps over 64-256 weight rows sharing x, K cut over CTAs where the weight
+    has few rows (``skinny_plan``). More rows decode the weight to x's dtype (one kernel,
+    exact) and run ``ck.gemm`` on it. Repeated eager calls with the same signature take a
+    cached launch plan (checked once).
 
     Constraints:
       - K a multiple of 16 (the NVFP4 block); the skinny path needs K a multiple of 32 (other
