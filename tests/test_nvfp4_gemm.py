@@ -69,6 +69,7 @@ W4A16_SHAPES = [  # (M, N, K): skinny (M <= 64, K % 32 == 0) and decoded paths, 
     (33, 320, 512), (64, 2048, 256), (65, 300, 128), (200, 1024, 512), (8, 64, 48), (40, 96, 16),
     (1, 1000, 4064), (2, 300, 2080),  # two steps per ring stage, an odd count per range of K, a K tail
     (5, 1000, 4096), (8, 2048, 2048), (6, 300, 8224),  # 5-8 rows streamed (x_rows 8), a K tail
+    (5, 4096, 32768),  # 5-8 rows on the ring (the streaming grid past a wave over long ranges)
 ]
 
 
@@ -352,6 +353,9 @@ def test_skinny_plan_heuristic():
     for m, n, k in ((1, 128, 65536), (4, 64, 1 << 20), (2, 300000, 8192), (1, 1000, 4224),
                     *((m, n, k) for m in (1, 4, 8) for n in (64, 7168, 65536) for k in range(32, 9000, 96))):
         cfg, splits = plan(m, n, k)
+        if not cfg.prefetch:  # 5-8 rows on the ring
+            assert m > 4
+            continue
         steps = -(-k // 128)
         per = -(-(-(-steps // splits)) // cfg.granule) * cfg.granule
         assert cfg.prefetch and per <= cfg.x_steps and cfg.x_rows >= m
@@ -359,11 +363,13 @@ def test_skinny_plan_heuristic():
         assert (cfg.l2_fetch, cfg.granule) == ((256, 4) if per >= 8 else (0, 1))
     # 5 to 8 rows: 16-bit x streams (x_rows 8); NVFP4 x takes the ring, one token tile, small
     # CTAs, K cut to ~6 CTAs per SM
+    # (or where its 3 CTAs per SM would take more than a wave over long ranges of K)
     for m in (5, 8):
         cfg, splits = plan(m, 8192)
         assert cfg.prefetch and cfg.x_rows == 8 and (cfg.warps, splits) == (4, 3)
         cfg, splits = plan(m, 8192, x_format="nvfp4")
         assert not cfg.prefetch and (cfg.token_tiles, cfg.warps, cfg.slabs, splits) == (1, 4, 1, 7)
+        assert not plan(m, 8192, 16384)[0].prefetch and plan(m, 28672, 8192)[0].prefetch
     # more rows: 8 warps; K cut into ranges while the CTAs stay within one per SM, or two slabs
     # and no cut
     cfg, splits = plan(16, 8192)

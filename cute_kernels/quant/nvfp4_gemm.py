@@ -68,10 +68,13 @@ def skinny_plan(m: int, n: int, k: int, batch: int, x_format: str, out_dtype: st
         GPU time: (7168, 16384, 1) 33.2 -> 30.3 us, (4096, 7168, 8) 61.1 -> 56.7, (7168, 2048,
         4) 18.6 -> 18.0, bf16 x 1 x 8192^2 22.7 -> 20.4; 1 x 14336 x 4096 at one range 19.2
         against two 20.4: the split's partial sums cost more than the CTAs it adds); at 5-8
-        rows of bf16 x the ring (below) was 8-29% slower (5 x 8192^2 33.1 / 25.7 us, 8 x 14336
-        x 4096 32.0 / 27.2), at 8 rows of NVFP4 x faster (8 x 7168 x 16384 36.9 / 45.7);
-      - 5 to 8 rows of NVFP4 x (one token tile): CTAs of 4 warps (64 weight rows, a 4-stage
-        ring), K cut until there are about six CTAs per SM;
+        rows of bf16 x the ring (below) was 4-29% slower (5 x 8192^2 33.1 / 25.7 us, 8 x 14336
+        x 4096 32.0 / 27.2, 8 x 28672 x 8192 92.7 / 85.3) except where the streaming grid of
+        ranges of more than 16 steps outgrows one wave of its 3 CTAs per SM (8 x 8192 x 16384
+        58.6 / 67.9, 8 x 8192 x 28672 94.3 / 100.6: those take the ring), and at 8 rows of
+        NVFP4 x faster (8 x 7168 x 16384 36.9 / 45.7);
+      - 5 to 8 rows that do not stream (one token tile): CTAs of 4 warps (64 weight rows, a
+        4-stage ring), K cut until there are about six CTAs per SM;
       - more rows: 8 warps (x shared by 128 or 256 weight rows), two 16-row slabs per warp where
         that still leaves 3/4 of the SMs a CTA (then K is not cut), else one slab and K cut into
         as many ranges as keep the CTAs within one per SM: these CTAs are bound by their own
@@ -96,10 +99,13 @@ def skinny_plan(m: int, n: int, k: int, batch: int, x_format: str, out_dtype: st
             per_split = -(-per_split // 4) * 4
         splits = -(-steps // per_split)  # no empty range
         x_rows = 1 << max(0, (m - 1).bit_length())
-        return SkinnyConfig(1, 1, 4, 2, splits > 1, x_format, out_dtype, prefetch=STREAM_PREFETCH,
-                            x_steps=STREAM_X_STEPS, x_rows=x_rows,
-                            l2_fetch=256 if long_ranges else 0,
-                            granule=4 if long_ranges else 1), splits
+        # 8 rows of x staged take 64 KB (3 CTAs per SM): past one wave of those, long ranges
+        # (heavy staging per CTA) run faster on the ring
+        if x_rows < 8 or per_split <= 16 or 2 * blocks * splits <= 7 * sms:
+            return SkinnyConfig(1, 1, 4, 2, splits > 1, x_format, out_dtype,
+                                prefetch=STREAM_PREFETCH, x_steps=STREAM_X_STEPS, x_rows=x_rows,
+                                l2_fetch=256 if long_ranges else 0,
+                                granule=4 if long_ranges else 1), splits
     if tiles == 1:
         warps, slabs, stages = 4, 1, 4
         blocks = -(-n // 64) * batch
