@@ -70,7 +70,8 @@ Constraints:
     either exactly; bf16's decode is the cheaper one); fp32 accumulation
   - one launch at a time per workspace (the caller keeps one per stream)
   - streaming: M <= ``x_rows``, at most ``x_steps`` steps of 128 values per range of K (the
-    caller's ``splits`` sees to it)
+    caller's ``splits`` sees to it; a range is ceil(steps / splits) rounded up to ``granule``
+    steps, the last one shorter)
 """
 
 from __future__ import annotations
