@@ -351,7 +351,8 @@ def test_skinny_plan_heuristic():
     # L2 fetches; every range within x's staging, none empty (the kernel's own range rule)
     assert plan(1, 8192)[0].l2_fetch == 256 and plan(1, 4096, 1024)[0].l2_fetch == 0
     for m, n, k in ((1, 128, 65536), (4, 64, 1 << 20), (2, 300000, 8192), (1, 1000, 4224),
-                    *((m, n, k) for m in (1, 4, 8) for n in (64, 7168, 65536) for k in range(32, 9000, 96))):
+                    *((m, n, k) for m in (1, 4, 8) for n in (64, 7168, 65536)
+                      for k in range(32, 9000, 96))):
         cfg, splits = plan(m, n, k)
         if not cfg.prefetch:  # 5-8 rows on the ring
             assert m > 4

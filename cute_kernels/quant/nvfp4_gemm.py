@@ -43,13 +43,14 @@ SKINNY_SMEM = 110 * 1024  # two CTAs of 8 warps per SM
 # staging decodes every row).
 STREAM_MAX_M = 8
 STREAM_MAX_M_NVFP4 = 4
+STREAM_PREFETCH = 4
+STREAM_X_STEPS = 32
 
 
 def streams(m: int, x_format: str) -> bool:
-    """Whether ``m`` rows of x take the skinny kernel's streaming path."""
+    """Whether ``m`` rows of x may stream (``skinny_plan`` still sends 5-8 rows to the ring
+    where the streaming grid would not fit)."""
     return m <= (STREAM_MAX_M_NVFP4 if x_format == "nvfp4" else STREAM_MAX_M)
-STREAM_PREFETCH = 4
-STREAM_X_STEPS = 32
 
 
 def skinny_plan(m: int, n: int, k: int, batch: int, x_format: str, out_dtype: str,
@@ -58,12 +59,12 @@ def skinny_plan(m: int, n: int, k: int, batch: int, x_format: str, out_dtype: st
     rows (measured on an H200 and an H100, ``benchmarks/NOTES.md``):
       - 8-token MMA tiles for the rows of x (1, 2, 4 or 8 tiles);
       - up to ``STREAM_MAX_M`` rows of 16-bit x (``STREAM_MAX_M_NVFP4`` of NVFP4 x): streaming
-        (CTAs of 4 warps, 64 weight rows; each lane
-        loads its codes 4 steps ahead into registers; x staged once per CTA), K cut into at
-        most three CTAs per SM where row blocks are fewer than that, else into ranges of at
-        most 16 steps (H100, same run, streaming / ring: nvfp4_gemv (7168, 16384, 1) 33.4 /
-        40.0 us, (4096, 7168, 8) 60.7 / 69.9, (7168, 2048, 4) 18.2 / 24.4; bf16 x 1 x 8192^2
-        22.5 / 24.9, 1 x 4096 x 14336 20.4 / 23.0, 3 x 4096 x 4064 17.4 / 18.5); ranges of 8
+        (CTAs of 4 warps, 64 weight rows; each lane loads its codes 4 steps ahead into
+        registers; x staged once per CTA), K cut into at most three CTAs per SM where row
+        blocks are fewer than that, else into ranges of at most 16 steps (H100, same run,
+        streaming / ring: nvfp4_gemv (7168, 16384, 1) 33.4 / 40.0 us, (4096, 7168, 8) 60.7 /
+        69.9, (7168, 2048, 4) 18.2 / 24.4; bf16 x 1 x 8192^2 22.5 / 24.9, 1 x 4096 x 14336
+        20.4 / 23.0, 3 x 4096 x 4064 17.4 / 18.5); ranges of 8
         steps or more rounded up to a multiple of 4, with 256-byte L2 fetches (H100, same run,
         GPU time: (7168, 16384, 1) 33.2 -> 30.3 us, (4096, 7168, 8) 61.1 -> 56.7, (7168, 2048,
         4) 18.6 -> 18.0, bf16 x 1 x 8192^2 22.7 -> 20.4; 1 x 14336 x 4096 at one range 19.2
