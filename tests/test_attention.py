@@ -329,13 +329,25 @@ def test_backward_long_and_fp16(causal):
 
 
 @gpu
+@pytest.mark.parametrize("dim", [64, 96, 128])
+@pytest.mark.parametrize("sq,sk,kw", [(300, 300, {}), (200, 333, {}), (333, 200, {"softcap": 10.0}),
+                                      (129, 257, {"dtype": torch.float16})])
+def test_backward_persistent_ctas_take_many_key_blocks(dim, sq, sk, kw):
+    # without a mask one CTA per SM takes key blocks in turn (bwd_sm90's persistent grid):
+    # 12 sequences x 16 kv heads x 2-3 key blocks are several rounds of the SMs
+    kw = dict(kw)
+    dtype = kw.pop("dtype", torch.bfloat16)
+    check_backward(*qkv(12, sq, sk, 32, 16, dim, dtype=dtype), **kw)
+
+
+@gpu
 @pytest.mark.parametrize("b,sq,sk,hq,hkv,dim,kw", [
     (5, 3000, 3000, 2, 1, 128, {"causal": True}),  # 24 key blocks: groups of 4 pairs, then 1
     (3, 2500, 2500, 1, 1, 256, {"window_size": (-1, 16)}),  # a group wider than the pairs
     (3, 2000, 2600, 4, 2, 64, {"causal": True}),  # 6 pairs: 4, then 2; Sk > Sq
 ])
 def test_backward_masked_pair_groups_cover_every_key_block(b, sq, sk, hq, hkv, dim, kw):
-    # masked grids take the CTAs key block by key block over groups of pairs (bwd_sm90._tile)
+    # masked grids take the CTAs key block by key block over groups of pairs (bwd_sm90.tile_coords)
     check_backward(*qkv(b, sq, sk, hq, hkv, dim), **kw)
 
 
@@ -422,15 +434,17 @@ def test_backward_varlen_gradient_buffers_poisoned_with_nan_are_fully_written(di
 
 @gpu
 @pytest.mark.parametrize("dim", [64, 128, 256])
-def test_backward_gradient_buffers_poisoned_with_nan_are_fully_written(dim):
+@pytest.mark.parametrize("causal", [True, False])
+def test_backward_gradient_buffers_poisoned_with_nan_are_fully_written(dim, causal):
     from cute_kernels.attention.op import flash_attn_bwd
 
-    q, k, v = qkv(2, 200, 150, 4, 2, dim)
-    out, lse = ck.flash_attn(q, k, v, causal=True, return_lse=True)
+    # without a mask: 8 x 16 x 2 key blocks, more than one round of persistent CTAs
+    q, k, v = qkv(8, 200, 150, 32, 16, dim)
+    out, lse = ck.flash_attn(q, k, v, causal=causal, return_lse=True)
     dout = torch.randn_like(out)
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
-    flash_attn_bwd(dout, q, k, v, out, lse, dq, dk, dv, None, None, 200, 150, 0.1, True, 350, 0, 0.0,
-                   False)
+    flash_attn_bwd(dout, q, k, v, out, lse, dq, dk, dv, None, None, 200, 150, 0.1, causal,
+                   350 if causal else 0, 0, 0.0, False)
     assert not (dq.isnan().any() or dk.isnan().any() or dv.isnan().any())
 
 

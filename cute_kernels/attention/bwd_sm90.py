@@ -6,9 +6,15 @@ Design:
     loaded once and stay in shared memory; the CTA walks every query head of its group (GQA:
     dK and dV summed over the group in registers, never expanded) and, per head, the query
     blocks (tile_m rows) that may see its keys. A producer warp streams Q and dO blocks through
-    a ``stages``-deep TMA pipeline. Grid order (``_tile``): each (kv head, sequence) pair's key
-    blocks in turn, so the CTAs that run together share its Q and dO in the L2; with a causal
-    mask, groups of pairs key block by key block, the longest walks first.
+    a ``stages``-deep TMA pipeline. Tile order (``tile_coords``): each (kv head, sequence)
+    pair's key blocks in turn, so the CTAs that run together share its Q and dO in the L2; with
+    a causal mask, groups of pairs key block by key block, the longest walks first.
+  - Persistent CTAs (``config.persistent``: no mask, not deterministic, not varlen, where every
+    key block's walk is as long): one CTA per SM takes the tiles in turn (a static stride of
+    the grid). Its dK and dV leave through dS's and the dQ tiles' shared memory instead of K's
+    and V's, so the MMA warpgroups release K and V after their last step and the producer
+    loads the next tile's K, V and first Q / dO stages under the store: a CTA's fixed costs
+    (K and V in, the pipeline's fill, dK and dV out) no longer stand between two key blocks.
   - Two MMA warpgroups, 64 keys each, per query block: S^T = K Q^T and dP^T = V dO^T (wgmma,
     shared-memory operands), P^T = exp2(S^T * scale * log2 e - LSE * log2 e) recomputed from
     the forward's LSE (``lse_log2``, +inf for a row that saw no key), dS^T = P^T (dP^T - D),
@@ -56,6 +62,8 @@ dQ accumulator: (Hq, R, D) fp32 in ``dq_accum.py``'s layout.
 Constraints:
   - bf16 or fp16 Q, K, V, dO, dK, dV; fp32 dQ accumulator (zeroed by the caller, contiguous,
     on 16 bytes), lse_log2 and D (rows contiguous, other strides multiples of 16 bytes: TMA)
+  - persistent only without a mask, ``deterministic`` or varlen (dK / dV staged in dS's and
+    the dQ tiles' shared memory, both at least a (tile_n, D) tile at these head dims)
   - head dim 64, 96 or 128 (softcap too); tile_n 128 (two MMA warpgroups of 64 keys);
     tile_m 64, or 128 at head dim 64 without softcap (the S^T, dP^T, dK and dV fragments then
     take 192 of a thread's 240 registers)
@@ -139,7 +147,9 @@ class FlashAttnBwdSm90:
     def __init__(self, config: AttentionBwdConfig):
         if (config.tile_m not in (64, 128) or config.tile_n != 128 or config.stages != 2
                 or config.do_stages or config.head_dim not in (64, 96, 128)
-                or (config.tile_m == 128 and (config.head_dim != 64 or config.softcap))):
+                or (config.tile_m == 128 and (config.head_dim != 64 or config.softcap))
+                or (config.persistent
+                    and (config.local or config.varlen or config.deterministic))):
             raise ValueError(f"unsupported backward tiles: {config}")
         self.config = config
         self.tile_m, self.tile_n, self.head_dim = config.tile_m, config.tile_n, config.head_dim
@@ -153,6 +163,7 @@ class FlashAttnBwdSm90:
         self.queries_on_rows = False  # score tiles are S^T: keys on rows, queries on columns
         self.do_stages = config.do_stages  # 0: dO in Q's pipeline stages
         self.do_buffers = config.do_stages or config.stages  # dO / D buffers in shared memory
+        self.persistent = config.persistent
 
     @property
     def dq_tile(self) -> int:
@@ -189,7 +200,7 @@ class FlashAttnBwdSm90:
     def __call__(self, mQ, mK, mV, mdO, mLSE, mD, mdQ, mdK, mdV, mCuSeqlensQ, mCuSeqlensK, mSem,
                  scale_log2: Float32, softcap_prescale: Float32, dk_scale: Float32,
                  window_left: Int32, window_right: Int32, max_seqlen_k: Int32, l2_group: Int32,
-                 stream):
+                 max_ctas: Int32, stream):
         cfg = self.config
         self.dtype = mQ.element_type
         varlen = const_expr(cfg.varlen)
@@ -236,15 +247,16 @@ class FlashAttnBwdSm90:
         self.storage = Storage
         heads, heads_kv = q.shape[2], k.shape[2]
         batches = mCuSeqlensQ.shape[0] - 1 if const_expr(varlen) else q.shape[3]
-        grid = (cute.ceil_div(max_seqlen_k, tn), heads_kv, batches)
+        blocks = cute.ceil_div(max_seqlen_k, tn)
+        grid = (cutlass.min(blocks * heads_kv * batches, max_ctas), 1, 1)
         self.kernel(
             tma_q, tma_tensor_q, tma_do, tma_tensor_do, tma_k, tma_tensor_k, tma_v, tma_tensor_v,
             tma_lse, tma_tensor_lse, tma_dsum, tma_tensor_dsum, mdQ,
             # dK and dV: the tensors (varlen's partial blocks) and their TMA stores
             (dk, dv, tma_dk, tma_tensor_dk, tma_dv, tma_tensor_dv), mCuSeqlensQ, mCuSeqlensK,
             mSem, q.shape[0], k.shape[0], heads, heads_kv, scale_log2,
-            softcap_prescale, dk_scale, window_left, window_right, l2_group, self.sQ_layout,
-            self.sK_layout, self.sdS_layout, self.sdO_layout, self.mma_s,
+            softcap_prescale, dk_scale, window_left, window_right, blocks, batches, l2_group,
+            self.sQ_layout, self.sK_layout, self.sdS_layout, self.sdO_layout, self.mma_s,
             self.mma_kv, self.mma_dq,
         ).launch(grid=grid, block=[384, 1, 1], min_blocks_per_mp=1, stream=stream)
 
@@ -255,7 +267,8 @@ class FlashAttnBwdSm90:
                mdQ, kv_out, mCuSeqlensQ, mCuSeqlensK, mSem, seqlen_q_static: Int32,
                seqlen_k_static: Int32, heads: Int32, heads_kv: Int32, scale_log2: Float32,
                softcap_prescale: Float32, dk_scale: Float32, window_left: Int32,
-               window_right: Int32, l2_group: Int32, sQ_layout: cute.ComposedLayout,
+               window_right: Int32, blocks: Int32, batches: Int32, l2_group: Int32,
+               sQ_layout: cute.ComposedLayout,
                sK_layout: cute.ComposedLayout, sdS_layout: cute.ComposedLayout,
                sdO_layout: cute.ComposedLayout,
                mma_s: cute.TiledMma, mma_kv: cute.TiledMma, mma_dq: cute.TiledMma):
@@ -290,47 +303,69 @@ class FlashAttnBwdSm90:
         sdQ = storage.sdQ.get_tensor(cute.make_layout(self.dq_wgs * self.dq_tile))
         sLSE = storage.sLSE.get_tensor(cute.make_layout((self.tile_m, cfg.stages)))
         sD = storage.sD.get_tensor(cute.make_layout((self.tile_m, self.do_buffers)))
+        if const_expr(self.persistent):
+            # dK and dV staged for their TMA stores over dS's tiles and the dQ tiles (K's layout;
+            # both at least as large), so K and V can take the next tile's blocks meanwhile
+            kv_out = kv_out + (
+                storage.sdS.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
+                storage.sdQ.get_tensor(sK_layout.outer, swizzle=sK_layout.inner, dtype=self.dtype))
 
-        n_block, head_kv, batch = self._tile(l2_group)
-        seq = Sequence(batch, seqlen_q_static, seqlen_k_static, mCuSeqlensQ, mCuSeqlensK)
+        # (key blocks, kv heads, sequences, pair group), the sequences' lengths, the window
+        schedule = (blocks, heads_kv, batches, l2_group, heads, seqlen_q_static, seqlen_k_static,
+                    mCuSeqlensQ, mCuSeqlensK, window_left, window_right)
+        pipeline_init_wait(cluster_shape_mn=(1, 1))
+
+        if tidx < 128:
+            cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
+            if warp == 0:
+                self.load(tma_q, tma_do, tma_k, tma_v, tma_lse, tma_dsum, mQ, mdO, mK, mV,
+                          mLSE, mD, sQ, sdO, sK, sV, sLSE, sD, pipe_kv, pipe_qdo, pipe_do, schedule)
+            elif warp == REDUCE_WARP:
+                self.reduce_dq(mdQ, sdQ, mSem, schedule)
+        else:
+            cute.arch.setmaxregister_increase(MMA_REGISTERS)
+            self.mma_tiles(mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, kv_out,
+                           pipe_kv, pipe_qdo, pipe_do, schedule, scale_log2, softcap_prescale,
+                           dk_scale, tidx - 128)
+
+    def tile_count(self, schedule):
+        """Tiles (key blocks of every kv head and sequence) in the grid: a CTA takes those from
+        its block index on, every grid-size-th (one unless persistent)."""
+        blocks, heads_kv, batches = schedule[:3]
+        return blocks * heads_kv * batches
+
+    @cute.jit
+    def tile_work(self, tile, schedule):
+        """(work, inside): the walk of linear tile ``tile`` (``seq, n_block, head_kv, batch, group,
+        m_min, m_max, steps``) and whether its key block starts inside its sequence (varlen:
+        blocks past a sequence's end are skipped)."""
+        (blocks, heads_kv, batches, l2_group, heads, seqlen_q_static, seqlen_k_static, cu_q,
+         cu_k, window_left, window_right) = schedule
+        n_block, head_kv, batch = self.tile_coords(tile, blocks, heads_kv, batches, l2_group)
+        seq = Sequence(batch, seqlen_q_static, seqlen_k_static, cu_q, cu_k)
         group = heads // heads_kv
         m_min, m_max = self.query_blocks(seq, n_block, window_left, window_right)
         steps = group * cutlass.max(m_max - m_min, 0)
         work = (seq, n_block, head_kv, batch, group, m_min, m_max, steps)
-        pipeline_init_wait(cluster_shape_mn=(1, 1))
-
-        if n_block * self.tile_n < seq.seqlen_k:  # varlen: key blocks past the sequence exit
-            if tidx < 128:
-                cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
-                if warp == 0:
-                    self.load(tma_q, tma_do, tma_k, tma_v, tma_lse, tma_dsum, mQ, mdO, mK, mV,
-                              mLSE, mD, sQ, sdO, sK, sV, sLSE, sD, pipe_kv, pipe_qdo, pipe_do, work)
-                elif warp == REDUCE_WARP:
-                    self.reduce_dq(mdQ, sdQ, mSem, work, window_right)
-            else:
-                cute.arch.setmaxregister_increase(MMA_REGISTERS)
-                self.mma(mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, kv_out,
-                         pipe_kv, pipe_qdo, pipe_do, work, scale_log2, softcap_prescale, dk_scale,
-                         window_left, window_right, tidx - 128)
+        return work, n_block * self.tile_n < seq.seqlen_k
 
     @cute.jit
-    def _tile(self, l2_group):
-        """(key block, key / value head, sequence) of this CTA. The grid is (key blocks, kv heads,
-        sequences). Without a mask, each (head, sequence) pair's key blocks in turn: the CTAs
-        that run together share the pair's Q and dO in the L2. With one (fixed lengths), the
+    def tile_coords(self, tile, blocks, heads_kv, batches, l2_group):
+        """(key block, key / value head, sequence) of linear tile ``tile`` of (key blocks, kv
+        heads, sequences). Without a mask, each (head, sequence) pair's key blocks in turn: the
+        CTAs that run together share the pair's Q and dO in the L2. With one (fixed lengths), the
         low key blocks' walks are the longest (all query blocks past their diagonal, over the
         group's query heads), so the pairs' longest walks would start last and run alone at
         the end: the CTAs go in groups of ``l2_group`` pairs (as many as have their Q and dO
         fit in the L2 together), key block by key block over a group's pairs, longest walks
         first. Not with ``deterministic``, whose adds wait for the higher key blocks
         (``_rank``): those must not be the CTAs still waiting for an SM."""
-        n_block, head_kv, batch = cute.arch.block_idx()
         cfg = self.config
         if const_expr(cfg.local and not cfg.deterministic and not cfg.varlen):
-            blocks, heads_kv, batches = cute.arch.grid_dim()
-            linear = n_block + blocks * (head_kv + heads_kv * batch)
-            n_block, head_kv, batch = grouped_rank(linear, blocks, heads_kv, batches, l2_group)
-        return n_block, head_kv, batch
+            return grouped_rank(tile, blocks, heads_kv, batches, l2_group)
+        pair = tile // blocks
+        batch = pair // heads_kv
+        return tile - pair * blocks, pair - batch * heads_kv, batch
 
     @cute.jit
     def query_blocks(self, seq, n_block, window_left, window_right):
@@ -426,9 +461,26 @@ class FlashAttnBwdSm90:
 
     @cute.jit
     def load(self, tma_q, tma_do, tma_k, tma_v, tma_lse, tma_dsum, mQ, mdO, mK, mV, mLSE, mD,
-             sQ, sdO, sK, sV, sLSE, sD, pipe_kv, pipe_qdo, pipe_do, work):
-        """Producer warp: K and V once, then Q, dO, their LSE and D of every step (dO and D
-        through ``pipe_do`` where it exists)."""
+             sQ, sdO, sK, sV, sLSE, sD, pipe_kv, pipe_qdo, pipe_do, schedule):
+        """Producer warp, tile after tile: K and V (once the previous tile's MMA warpgroups
+        released them), then Q, dO, their LSE and D of every step (dO and D through ``pipe_do``
+        where it exists)."""
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.config.stages)
+        do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, max(self.do_stages, 1))
+        for tile in range(cute.arch.block_idx()[0], self.tile_count(schedule), cute.arch.grid_dim()[0]):
+            work, inside = self.tile_work(tile, schedule)
+            if inside:
+                kv_state, state, do_state = self.load_tile(
+                    tma_q, tma_do, tma_k, tma_v, tma_lse, tma_dsum, mQ, mdO, mK, mV, mLSE, mD, sQ,
+                    sdO, sK, sV, sLSE, sD, pipe_kv, pipe_qdo, pipe_do, work, kv_state, state,
+                    do_state)
+
+    @cute.jit
+    def load_tile(self, tma_q, tma_do, tma_k, tma_v, tma_lse, tma_dsum, mQ, mdO, mK, mV, mLSE,
+                  mD, sQ, sdO, sK, sV, sLSE, sD, pipe_kv, pipe_qdo, pipe_do, work, kv_state, state,
+                  do_state):
+        """The loads of one tile; returns the advanced pipeline states."""
         seq, n_block, head_kv, batch, group, m_min, m_max, steps = work
         one = cute.make_layout(1)
         tile_kd = (self.tile_n, self.head_dim)
@@ -436,13 +488,11 @@ class FlashAttnBwdSm90:
         gV = cute.local_tile(self._rows(mV, seq.offset_k, head_kv, batch), tile_kd, (n_block, 0))
         tKsK, tKgK = cpasync.tma_partition(tma_k, 0, one, cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
         tVsV, tVgV = cpasync.tma_partition(tma_v, 0, one, cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
-        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         pipe_kv.producer_acquire(kv_state)
         barrier = pipe_kv.producer_get_barrier(kv_state)
         cute.copy(tma_k, tKgK, tKsK, tma_bar_ptr=barrier)
         cute.copy(tma_v, tVgV, tVsV, tma_bar_ptr=barrier)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.config.stages)
-        do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, max(self.do_stages, 1))
+        kv_state.advance()
         tile_qd = (self.tile_m, self.head_dim)
         for i in range(steps):
             head, m_block = self._step(work, i)
@@ -467,14 +517,27 @@ class FlashAttnBwdSm90:
             cute.copy(tma_do, tOgO, tOsO[None, do_index], tma_bar_ptr=barrier)
             cute.copy(tma_dsum, tDgD, tDsD[None, do_index], tma_bar_ptr=barrier)
             state.advance()
+        return kv_state, state, do_state
 
     @cute.jit
-    def reduce_dq(self, mdQ, sdQ, mSem, work, window_right):
-        """Reduce warp: add each step's dQ tiles (shared, fp32; one per dQ warpgroup) into the
-        global accumulator, each by one 1-D bulk reduce (lane 0) as soon as its warpgroup has
-        written it. Deterministic: first wait until the query block's semaphore counts this
-        CTA's rank (acquire), and count it up (release) once the adds are complete, so every
-        dQ element sums its key blocks in one fixed order."""
+    def reduce_dq(self, mdQ, sdQ, mSem, schedule):
+        """Reduce warp, tile after tile (``reduce_tile``); at the end, the last adds have read
+        their tiles before the CTA exits."""
+        for tile in range(cute.arch.block_idx()[0], self.tile_count(schedule), cute.arch.grid_dim()[0]):
+            work, inside = self.tile_work(tile, schedule)
+            if inside:
+                self.reduce_tile(mdQ, sdQ, mSem, work, schedule[-1])
+        cute.arch.cp_async_bulk_wait_group(0, read=True)
+
+    @cute.jit
+    def reduce_tile(self, mdQ, sdQ, mSem, work, window_right):
+        """Add each step's dQ tiles (shared, fp32; one per dQ warpgroup) into the global
+        accumulator, each by one 1-D bulk reduce (lane 0) as soon as its warpgroup has written
+        it. Deterministic: first wait until the query block's semaphore counts this CTA's rank
+        (acquire), and count it up (release) once the adds are complete, so every dQ element
+        sums its key blocks in one fixed order. The tiles start each tile free; a persistent
+        CTA's MMA warpgroups take the last step's release (their dV goes through the dQ
+        tiles' shared memory)."""
         seq, n_block, head_kv, batch, group, m_min, m_max, steps = work
         lane = cute.arch.lane_idx()
         full, empty = int(AttentionBwdBarrier.DQ_FULL), int(AttentionBwdBarrier.DQ_EMPTY)
@@ -505,13 +568,30 @@ class FlashAttnBwdSm90:
             for w in cutlass.range_constexpr(self.dq_wgs):
                 cute.arch.cp_async_bulk_wait_group(self.dq_wgs - 1 - w, read=True)
                 cute.arch.barrier_arrive(barrier_id=empty + w, number_of_threads=160)
-        cute.arch.cp_async_bulk_wait_group(0, read=False)
+
+    @cute.jit
+    def mma_tiles(self, mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, kv_out,
+                  pipe_kv, pipe_qdo, pipe_do, schedule, scale_log2, softcap_prescale, dk_scale,
+                  tidx):
+        """MMA warpgroups, tile after tile (``mma``), the pipeline states carried over."""
+        window_left, window_right = schedule[-2], schedule[-1]
+        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.config.stages)
+        do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, max(self.do_stages, 1))
+        for tile in range(cute.arch.block_idx()[0], self.tile_count(schedule), cute.arch.grid_dim()[0]):
+            work, inside = self.tile_work(tile, schedule)
+            if inside:
+                kv_state, state, do_state = self.mma(
+                    mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, kv_out, pipe_kv,
+                    pipe_qdo, pipe_do, work, scale_log2, softcap_prescale, dk_scale, window_left,
+                    window_right, tidx, kv_state, state, do_state)
 
     @cute.jit
     def mma(self, mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, kv_out, pipe_kv,
             pipe_qdo, pipe_do, work, scale_log2, softcap_prescale, dk_scale, window_left, window_right,
-            tidx):
-        """MMA warpgroups: 64 keys each, over every step; then dK and dV out."""
+            tidx, kv_state, state, do_state):
+        """One tile: 64 keys per MMA warpgroup, over every step; then dK and dV out. Returns
+        the advanced pipeline states."""
         cfg = self.config
         seq, n_block, head_kv, batch, group, m_min, m_max, steps = work
         wg = cute.arch.make_warp_uniform(tidx // 128)
@@ -560,9 +640,7 @@ class FlashAttnBwdSm90:
         dq_empty, dq_full = int(AttentionBwdBarrier.DQ_EMPTY) + wg, int(AttentionBwdBarrier.DQ_FULL) + wg
 
         neg_inv_scale = Float32(-1.0) / scale_log2
-        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_kv.consumer_wait(kv_state)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, st)
         head, m_block, left = self._first_step(work)
         # Whether a step's block needs masking, decided at the end of the step before (off
         # the path from S's wait to the exponentials)
@@ -618,7 +696,16 @@ class FlashAttnBwdSm90:
         # dK, dV out (softmax scale on dK; dQ's comes with the accumulator's final scaling).
         for j in cutlass.range(cute.size(acc_dk), unroll_full=True):
             acc_dk[j] = acc_dk[j] * dk_scale
-        if const_expr(self.config.varlen):  # TMA would write past a partial block's sequence
+        if const_expr(self.persistent):
+            # K and V are free for the next tile's loads (every GEMM on them waited for); dK and
+            # dV go out through dS's and the dQ tiles' shared memory once the reduce warp's
+            # last adds have read the dQ tiles.
+            pipe_kv.consumer_release(kv_state)
+            if const_expr(self.dq_wgs == 2) or wg == 0:
+                cute.arch.barrier(barrier_id=dq_empty, number_of_threads=160)
+            self.store_kv_tma(mma_kv, acc_dk, acc_dv, kv_out[6], kv_out[7], kv_out, seq,
+                              head_kv, batch, n_block, wg, tidx, staged=True)
+        elif const_expr(self.config.varlen):  # TMA would write past a partial block's sequence
             if (n_block + 1) * self.tile_n <= seq.seqlen_k:
                 self.store_kv_tma(mma_kv, acc_dk, acc_dv, sK, sV, kv_out, seq, head_kv, batch,
                                   n_block, wg, tidx)
@@ -630,6 +717,8 @@ class FlashAttnBwdSm90:
         else:
             self.store_kv_tma(mma_kv, acc_dk, acc_dv, sK, sV, kv_out, seq, head_kv, batch, n_block,
                               wg, tidx)
+        kv_state.advance()
+        return kv_state, state, do_state
 
     @cute.jit
     def probabilities_and_gradients(self, acc_s, acc_dp, coords, lse, dsum, scale_log2,
@@ -795,11 +884,12 @@ class FlashAttnBwdSm90:
 
     @cute.jit
     def store_kv_tma(self, mma_kv, acc_dk, acc_dv, sK, sV, kv_out, seq, head_kv, batch, n_block,
-                     wg, tidx):
-        """dK and dV of the CTA's key block out through shared memory (K's and V's tiles,
-        free once both warpgroups' last GEMMs are done) and one TMA store each, rows past the
-        tensor's end clipped by the TMA."""
-        _, _, tma_dk, mdK, tma_dv, mdV = kv_out
+                     wg, tidx, staged: cutlass.Constexpr = False):
+        """dK and dV of the CTA's key block out through shared memory (``sK`` and ``sV``: K's
+        and V's tiles, free once both warpgroups' last GEMMs are done; ``staged``: the
+        persistent CTA's staging tiles, free again for the next tile once the stores have read
+        them) and one TMA store each, rows past the tensor's end clipped by the TMA."""
+        tma_dk, mdK, tma_dv, mdV = kv_out[2:6]
         d, tn = self.head_dim, self.tile_n
         ready = int(AttentionBwdBarrier.DS_READY)
         cute.arch.barrier(barrier_id=ready, number_of_threads=256)  # every GEMM on K, V done
@@ -820,6 +910,8 @@ class FlashAttnBwdSm90:
                 cute.copy(tma, ts, tg)
             cute.arch.cp_async_bulk_commit_group()
             cute.arch.cp_async_bulk_wait_group(0, read=True)
+        if const_expr(staged):
+            cute.arch.barrier(barrier_id=ready, number_of_threads=256)
 
     @cute.jit
     def store_kv(self, mma_kv, acc, mOut, seq, head_kv, batch, tile, coord, row0, tidx):

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import cutlass
 import cutlass.cute as cute
-import cutlass.pipeline as pipeline
 import cutlass.tensor_utils as tensor_utils
 import cutlass.utils.hopper_helpers as sm90_utils
 from cutlass import Float32, const_expr
@@ -66,9 +65,10 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
     def __init__(self, config: AttentionBwdConfig):
         d, tn, tm = config.head_dim, config.tile_n, config.tile_m
         if (tm != 64 or config.stages not in (1, 2) or config.do_stages != 1
-                or d not in WIDE_HEAD_DIMS or tn not in (64, 96)):
+                or d not in WIDE_HEAD_DIMS or tn not in (64, 96) or config.persistent):
             raise ValueError(f"unsupported backward tiles: {config}")
         self.config = config
+        self.persistent = False  # one CTA per key block
         self.tile_m, self.tile_n, self.head_dim = config.tile_m, tn, d
         self.dq_wgs = dq_warpgroups(d)
         self.dq_by_rows, self.dq_cols = dq_split(d, tm)  # by columns: D / 2 each
@@ -110,9 +110,9 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
     @cute.jit
     def mma(self, mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sPdS, sdQ, sLSE, sD, kv_out, pipe_kv,
             pipe_q, pipe_do, work, scale_log2, softcap_prescale, dk_scale, window_left,
-            window_right, tidx):
-        """MMA warpgroups: scores, dK and dV for their half of the keys, dQ for their half of
-        D."""
+            window_right, tidx, kv_state, state, do_state):
+        """MMA warpgroups, one tile: scores, dK and dV for their half of the keys, dQ for their
+        half of D. Returns the advanced pipeline states."""
         cfg = self.config
         seq, n_block, head_kv, batch, group, m_min, m_max, steps = work
         wg = cute.arch.make_warp_uniform(tidx // 128)
@@ -150,10 +150,7 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
         own_ready = int(AttentionBwdBarrier.OWN_SCORES_READY) + wg
         scores_free = int(AttentionBwdBarrier.SCORES_FREE)
 
-        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         pipe_kv.consumer_wait(kv_state)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, st)
-        do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, do_st)
         head, m_block, left = self._first_step(work)
         edge = self.on_edge(key0, m_block * tm, seq, window_left, window_right)  # see bwd_sm90
         for i in range(steps):
@@ -200,6 +197,8 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
             acc_dk[j] = acc_dk[j] * dk_scale
         self.store_kv_t(mma_kv, acc_dk, kv_out[0], seq, n_block, head_kv, batch, wg, tidx)
         self.store_kv_t(mma_kv, acc_dv, kv_out[1], seq, n_block, head_kv, batch, wg, tidx)
+        kv_state.advance()
+        return kv_state, state, do_state
 
     @cute.jit
     def store_kv_t(self, mma_kv, acc, mOut, seq, n_block, head_kv, batch, wg, tidx):

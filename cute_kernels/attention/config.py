@@ -107,6 +107,9 @@ class AttentionBwdConfig:
     # > 0: dO (and D) through their own pipeline of this depth (Q's: ``stages``), released as
     # soon as dV's GEMM is done; 0: with Q in one pipeline stage
     do_stages: int = 0
+    # one CTA per SM taking key blocks in turn (the next block's K and V load under the last
+    # one's dK / dV store) instead of one CTA per key block
+    persistent: bool = False
 
 
 # The backward runs every forward head dim, softcap included (softcap turns the scores into
@@ -132,9 +135,14 @@ def attention_bwd_config(head_dim: int, *, local: bool, softcap: bool, varlen: b
         # (385 / 358; 80 keys with two Q stages, no room for dQ's tiles, dQ atomics from
         # registers: 314 / 290)
         tile_n, stages, do_stages = (96, 2, 1) if head_dim == 192 else (64, 1, 1)
+    # Persistent CTAs where every key block's walk is as long (no mask: a static round of key
+    # blocks per CTA stays balanced), the adds need no order among CTAs (not deterministic)
+    # and the blocks are whole (not varlen)
+    persistent = (head_dim not in BWD_WIDE_HEAD_DIMS and not local and not varlen
+                  and not deterministic)
     return AttentionBwdConfig(head_dim, tile_m=tile_m, tile_n=tile_n, stages=stages, local=local,
                               softcap=softcap, varlen=varlen, deterministic=deterministic,
-                              do_stages=do_stages)
+                              do_stages=do_stages, persistent=persistent)
 
 
 def all_bwd_configs() -> list[AttentionBwdConfig]:

@@ -53,7 +53,7 @@ def bwd_kernel_specs(dtype: str, head_dim: int, varlen: bool) -> tuple:
     dq = _accum_spec(head_dim)
     cu = TensorSpec("int32", (Sym(),), (1,), 4) if varlen else None
     semaphores = TensorSpec("int32", (Sym(),) * 3, (Sym(), Sym(), 1), 4)  # (B, Hq, query blocks)
-    scalars = tuple(ScalarSpec(t) for t in ("float32",) * 3 + ("int32",) * 4)
+    scalars = tuple(ScalarSpec(t) for t in ("float32",) * 3 + ("int32",) * 5)
     return (qkv, qkv, qkv, qkv, rows, rows, dq, qkv, qkv, cu, cu, semaphores) + scalars + (StreamSpec(),)
 
 
@@ -148,10 +148,10 @@ def _l2_group(seqlen_k: int, head_dim: int, itemsize: int, local: bool) -> int:
 
 
 def _bwd_pair_group(seqlen_q: int, key_blocks: int, row_bytes: int, device_index: int) -> int:
-    """How many (kv head, sequence) pairs the backward's masked grid interleaves (``_tile`` in
-    bwd_sm90.py), a power of 2: no more than one wave of CTAs (so a group's CTAs run together
-    and share each pair's Q and dO rows, ``row_bytes`` per query row over the group's query
-    heads) and no more than have those rows fit in L2 together. Measured on H100 (bf16, 16k
+    """How many (kv head, sequence) pairs the backward's masked grid interleaves
+    (``tile_coords`` in bwd_sm90.py), a power of 2: no more than one wave of CTAs (so a
+    group's CTAs run together and share each pair's Q and dO rows, ``row_bytes`` per query
+    row over the group's query heads) and no more than have those rows fit in L2 together. Measured on H100 (bf16, 16k
     tokens, causal, against each pair's key blocks in turn): +1-11% at S = 2048-8192, +4-8%
     for the GQA backward (32 / 8 heads), parity at 1024 and 16384; groups sized by L2 alone
     (up to 64 pairs at 1024) ran 18% slower there."""
@@ -244,7 +244,8 @@ def flash_attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
            dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k, semaphores, scale_log2, prescale,
            softmax_scale, window_left, window_right, max_seqlen_k,
            _bwd_pair_group(max_seqlen_q, -(-max_seqlen_k // config.tile_n),
-                           head_dim * heads // k.shape[-2] * q.element_size(), q.device.index))
+                           head_dim * heads // k.shape[-2] * q.element_size(), q.device.index),
+           sm_count(q.device.index) if config.persistent else INT32_MAX)
     dq_rows = _aligned(rows(dq))
     _compiled("bwd_finish", (head_dim, config.tile_m, varlen), q.dtype, q.device.index)(
         dq_accum, dq_rows, softmax_scale, cu_seqlens_q, max_seqlen_q)
