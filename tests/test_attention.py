@@ -149,6 +149,16 @@ def test_long_sequences(dim, causal):
 
 
 @gpu
+@pytest.mark.parametrize("dim", [64, 96, 128])
+@pytest.mark.parametrize("sq,sk,kw", [(640, 640, {"causal": True}), (1000, 1000, {"causal": True}),
+                                      (500, 700, {"causal": True}), (700, 500, {"window_size": (90, 30)})])
+def test_persistent_masked_tiles_in_pairs(dim, sq, sk, kw):
+    # persistent CTAs with a mask take a pair's j-th longest and j-th shortest query tiles in
+    # turn (fwd_sm90.tile_coords), over several rounds of the SMs, odd tile counts included
+    check(*qkv(4, sq, sk, 32, 8, dim), **kw)
+
+
+@gpu
 @pytest.mark.parametrize("causal", [False, True])
 def test_fp16(causal):
     check(*qkv(2, 300, 257, 4, 4, 128, dtype=torch.float16), causal=causal)

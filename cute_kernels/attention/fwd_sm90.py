@@ -24,7 +24,11 @@ Design:
     interleaved. The launcher passes 1 without a mask (consecutive CTAs are consecutive tiles of
     one pair, reading the same K / V blocks together) and, with one, as many pairs as have K and
     V fit in L2. Varlen: a (query tile, head, sequence) grid, tiles past a sequence's end exit
-    at once.
+    at once. Persistent CTAs with a mask (fixed lengths) take the tiles by a static stride of
+    the grid, so tiles of the same length would fall to the same CTAs (a 1.15x longer
+    schedule than the SMs' even share at 1024 keys, by simulation): they take a pair's
+    j-th longest and j-th shortest query tiles in two consecutive rounds (``tile_coords``),
+    every CTA's two tiles together as long as any other's.
   - Persistent CTAs (``config.persistent``, where shared memory holds a separate O buffer): one
     CTA per SM walks the tiles; the MMA warpgroups release Q after their last S GEMM of a tile,
     so the producer loads the next tile's Q and first K / V blocks under the last P V GEMM and
@@ -171,11 +175,46 @@ class FlashAttnFwdSm90:
 
     # ------------------------------------------------------------------ device side
 
+    def paired(self) -> bool:
+        """Persistent CTAs with a mask take a pair's query tiles two at a time, the j-th longest
+        and the j-th shortest (module docstring: tile order)."""
+        cfg = self.config
+        return const_expr(cfg.persistent and cfg.local and not cfg.varlen)
+
+    @cute.jit
+    def tile_slots(self, schedule):
+        """Linear tile indices the CTAs walk (every grid-size-th from their block index on):
+        the tiles, or with ``paired`` two rounds of the grid per round of tile pairs, slots
+        past the pairs left empty."""
+        m_blocks, heads, batches, _ = schedule
+        slots = m_blocks * heads * batches
+        if const_expr(self.paired()):
+            ctas = cute.arch.grid_dim()[0]
+            slots = 2 * ctas * cute.ceil_div((m_blocks + 1) // 2 * heads * batches, ctas)
+        return slots
+
     @cute.jit
     def tile_coords(self, tile, m_blocks, heads, batches, l2_group):
-        """(m_block, head, batch) of linear tile index ``tile`` (module docstring: tile order)."""
-        m_rank, head, batch = grouped_rank(tile, m_blocks, heads, batches, l2_group)
-        return m_blocks - 1 - m_rank, head, batch
+        """(m_block, head, batch) of linear tile index ``tile`` (module docstring: tile order);
+        an empty slot gets m_block = m_blocks (past every sequence)."""
+        m_block, head, batch = Int32(0), Int32(0), Int32(0)
+        if const_expr(self.paired()):
+            ctas = cute.arch.grid_dim()[0]
+            rnd = tile // ctas
+            item = rnd // 2 * ctas + tile - rnd * ctas
+            half = (m_blocks + 1) // 2
+            j, head, batch = grouped_rank(item, half, heads, batches, l2_group)
+            # the long tile in even rounds, its partner in odd ones (none for an odd middle)
+            short = cutlass.select_(j == m_blocks - 1 - j, m_blocks, j)
+            m_block = cutlass.select_(rnd % 2 == 1, short, m_blocks - 1 - j)
+            empty = item >= half * heads * batches
+            m_block = cutlass.select_(empty, m_blocks, m_block)
+            head = cutlass.select_(empty, 0, head)
+            batch = cutlass.select_(empty, 0, batch)
+        else:
+            m_rank, head, batch = grouped_rank(tile, m_blocks, heads, batches, l2_group)
+            m_block = m_blocks - 1 - m_rank
+        return m_block, head, batch
 
     @cute.kernel
     def kernel(self, tma_q, mQ, tma_k, mK, tma_v, mV, tma_o, mO, mLSE, mCuSeqlensQ, mCuSeqlensK,
@@ -253,8 +292,7 @@ class FlashAttnFwdSm90:
         CTA loads the next tile's Q and first blocks while the MMA warpgroups finish the last."""
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.config.stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        m_blocks, heads, batches, _ = schedule
-        for tile in range(cute.arch.block_idx()[0], m_blocks * heads * batches, cute.arch.grid_dim()[0]):
+        for tile in range(cute.arch.block_idx()[0], self.tile_slots(schedule), cute.arch.grid_dim()[0]):
             state, q_state = self.load_tile(
                 tile, tma_q, tma_k, tma_v, mQ, mK, mV, sQ, sK, sV, pipe_q, pipe_k, pipe_v, schedule,
                 seqlen_q_static, seqlen_k_static, cu_q, cu_k, heads_kv, window_left, window_right,
@@ -347,8 +385,7 @@ class FlashAttnFwdSm90:
                                          number_of_threads=256)
         state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, cfg.stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-        m_blocks, heads, batches, _ = schedule
-        for tile in range(cute.arch.block_idx()[0], m_blocks * heads * batches, cute.arch.grid_dim()[0]):
+        for tile in range(cute.arch.block_idx()[0], self.tile_slots(schedule), cute.arch.grid_dim()[0]):
             state, q_state = self.mma_tile(
                 tile, tiled_mma_qk, tiled_mma_pv, tSrQ, tSrK, tOrV, tOrP, acc_o, softmax,
                 carried_scale, thr_qk, sO, tma_o, mO, mLSE, pipe_q, pipe_k, pipe_v, schedule,
