@@ -27,8 +27,8 @@ Design:
     at once. Persistent CTAs with a mask (fixed lengths) take the tiles by a static stride of
     the grid, so tiles of the same length would fall to the same CTAs (a 1.15x longer
     schedule than the SMs' even share at 1024 keys, by simulation): they take a pair's
-    j-th longest and j-th shortest query tiles in two consecutive rounds (``tile_coords``),
-    every CTA's two tiles together as long as any other's.
+    j-th longest and j-th shortest query tiles in two consecutive rounds
+    (``schedule.paired_rank``), every CTA's two tiles together as long as any other's.
   - Persistent CTAs (``config.persistent``, where shared memory holds a separate O buffer): one
     CTA per SM walks the tiles; the MMA warpgroups release Q after their last S GEMM of a tile,
     so the producer loads the next tile's Q and first K / V blocks under the last P V GEMM and
@@ -69,7 +69,7 @@ from ..primitives.named_barriers import AttentionBarrier
 from .config import AttentionFwdConfig
 from .fragments import as_operand_a, convert_pairs, rows_cols, warpgroup_gemm
 from .mask import Sequence, TileMask
-from .schedule import grouped_rank
+from .schedule import grouped_rank, paired_rank, paired_slots
 from .softmax import OnlineSoftmax, scale_rows
 
 LOG2_E = math.log2(math.e)
@@ -184,36 +184,23 @@ class FlashAttnFwdSm90:
     @cute.jit
     def tile_slots(self, schedule):
         """Linear tile indices the CTAs walk (every grid-size-th from their block index on):
-        the tiles, or with ``paired`` two rounds of the grid per round of tile pairs, slots
-        past the pairs left empty."""
+        the tiles, or with ``paired`` the slots of ``schedule.paired_slots``."""
         m_blocks, heads, batches, _ = schedule
         slots = m_blocks * heads * batches
         if const_expr(self.paired()):
-            ctas = cute.arch.grid_dim()[0]
-            slots = 2 * ctas * cute.ceil_div((m_blocks + 1) // 2 * heads * batches, ctas)
+            slots = paired_slots(cute.arch.grid_dim()[0], m_blocks, heads * batches)
         return slots
 
     @cute.jit
     def tile_coords(self, tile, m_blocks, heads, batches, l2_group):
         """(m_block, head, batch) of linear tile index ``tile`` (module docstring: tile order);
         an empty slot gets m_block = m_blocks (past every sequence)."""
-        m_block, head, batch = Int32(0), Int32(0), Int32(0)
         if const_expr(self.paired()):
-            ctas = cute.arch.grid_dim()[0]
-            rnd = tile // ctas
-            item = rnd // 2 * ctas + tile - rnd * ctas
-            half = (m_blocks + 1) // 2
-            j, head, batch = grouped_rank(item, half, heads, batches, l2_group)
-            # the long tile in even rounds, its partner in odd ones (none for an odd middle)
-            short = cutlass.select_(j == m_blocks - 1 - j, m_blocks, j)
-            m_block = cutlass.select_(rnd % 2 == 1, short, m_blocks - 1 - j)
-            empty = item >= half * heads * batches
-            m_block = cutlass.select_(empty, m_blocks, m_block)
-            head = cutlass.select_(empty, 0, head)
-            batch = cutlass.select_(empty, 0, batch)
+            m_rank, head, batch = paired_rank(tile, cute.arch.grid_dim()[0], m_blocks, heads,
+                                              batches, l2_group)
         else:
             m_rank, head, batch = grouped_rank(tile, m_blocks, heads, batches, l2_group)
-            m_block = m_blocks - 1 - m_rank
+        m_block = cutlass.select_(m_rank == m_blocks, m_blocks, m_blocks - 1 - m_rank)
         return m_block, head, batch
 
     @cute.kernel
