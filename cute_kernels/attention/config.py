@@ -53,11 +53,12 @@ SMEM_BYTES = 227 * 1024  # what one CTA may use on sm_90 (232448 bytes, less the
 # CTA scheduler once the sequence has more than a few tiles (6% slower at 2048 keys).
 PERSISTENT_MAX_KEYS = {False: 4096, True: 1024}
 # With a mask and fixed lengths the persistent CTAs take a pair's query tiles in long / short
-# pairs (``fwd_sm90.tile_coords``), which balances them: measured on H100 (bf16, 16 heads, 16k
-# tokens, causal, same run) at head dim 128 +11% at 1024 keys over the static stride, +12% /
-# +5% over one CTA per tile at 2048 / 4096, parity at 8192, 0 to -6% at 16384; at head dim 64
-# (192-row tiles) -7% at 4096. Persistent up to this many keys there:
-PAIRED_MAX_KEYS = {128: 4096}
+# pairs (``schedule.paired_rank``), which balances them: measured on H100 (bf16, 16 heads, 16k
+# tokens, causal, same runs) at head dim 128 +11% at 1024 keys over the static stride, +12% /
+# +5% / +0-3% over one CTA per tile at 2048 / 4096 / 8192, 0 to -6% at 16384; head dim 96
+# +9% / +3% at 2048 / 4096; head dim 64 (192-row tiles) -3% / -7% at 2048 / 4096.
+# Persistent up to this many keys there:
+PAIRED_MAX_KEYS = {96: 4096, 128: 8192}
 PERSISTENT_ANY_KEYS = (64, 96)  # unmasked head dims whose alternative is the same tile
 
 # (tile_m, tile_n) per head dim. Three MMA warpgroups (192 query rows) for head dim 64, so each
@@ -95,10 +96,12 @@ def attention_fwd_config(head_dim: int, *, local: bool, softcap: bool, varlen: b
 
 def all_fwd_configs() -> list[AttentionFwdConfig]:
     """Every configuration :func:`attention_fwd_config` can return."""
+    limits = sorted({*PERSISTENT_MAX_KEYS.values(), *PAIRED_MAX_KEYS.values()})
+    key_counts = [1] + [n + d for n in limits for d in (0, 1)]
     found = {
         attention_fwd_config(d, local=local, softcap=softcap, varlen=varlen, max_seqlen_k=keys)
         for d in HEAD_DIMS for local in (False, True) for softcap in (False, True)
-        for varlen in (False, True) for keys in (1024, 4096, 4097)
+        for varlen in (False, True) for keys in key_counts
     }
     return sorted(found, key=lambda c: (c.head_dim, c.persistent, c.local, c.softcap, c.varlen))
 
