@@ -328,6 +328,12 @@ class FlashAttnBwdSm90:
                            pipe_kv, pipe_qdo, pipe_do, schedule, scale_log2, softcap_prescale,
                            dk_scale, tidx - 128)
 
+    def pipeline_states(self, user):
+        """The K / V, Q (and dO where dO has stages of its own) pipelines' first states for the
+        producer or the consumers (``user``)."""
+        return tuple(pipeline.make_pipeline_state(user, n)
+                     for n in (1, self.config.stages, max(self.do_stages, 1)))
+
     def tile_count(self, schedule):
         """Tiles (key blocks of every kv head and sequence) in the grid: a CTA takes those from
         its block index on, every grid-size-th (one unless persistent)."""
@@ -465,9 +471,7 @@ class FlashAttnBwdSm90:
         """Producer warp, tile after tile: K and V (once the previous tile's MMA warpgroups
         released them), then Q, dO, their LSE and D of every step (dO and D through ``pipe_do``
         where it exists)."""
-        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.config.stages)
-        do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, max(self.do_stages, 1))
+        kv_state, state, do_state = self.pipeline_states(pipeline.PipelineUserType.Producer)
         for tile in range(cute.arch.block_idx()[0], self.tile_count(schedule), cute.arch.grid_dim()[0]):
             work, inside = self.tile_work(tile, schedule)
             if inside:
@@ -575,9 +579,7 @@ class FlashAttnBwdSm90:
                   tidx):
         """MMA warpgroups, tile after tile (``mma``), the pipeline states carried over."""
         window_left, window_right = schedule[-2], schedule[-1]
-        kv_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-        state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.config.stages)
-        do_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, max(self.do_stages, 1))
+        kv_state, state, do_state = self.pipeline_states(pipeline.PipelineUserType.Consumer)
         for tile in range(cute.arch.block_idx()[0], self.tile_count(schedule), cute.arch.grid_dim()[0]):
             work, inside = self.tile_work(tile, schedule)
             if inside:
