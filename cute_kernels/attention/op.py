@@ -151,10 +151,10 @@ def _bwd_pair_group(seqlen_q: int, key_blocks: int, row_bytes: int, device_index
     """How many (kv head, sequence) pairs the backward's masked grid interleaves
     (``tile_coords`` in bwd_sm90.py), a power of 2: no more than one wave of CTAs (so a
     group's CTAs run together and share each pair's Q and dO rows, ``row_bytes`` per query
-    row over the group's query heads) and no more than have those rows fit in L2 together. Measured on H100 (bf16, 16k
-    tokens, causal, against each pair's key blocks in turn): +1-11% at S = 2048-8192, +4-8%
-    for the GQA backward (32 / 8 heads), parity at 1024 and 16384; groups sized by L2 alone
-    (up to 64 pairs at 1024) ran 18% slower there."""
+    row over the group's query heads) and no more than have those rows fit in L2 together.
+    Measured on H100 (bf16, 16k tokens, causal, against each pair's key blocks in turn): +1-11%
+    at S = 2048-8192, +4-8% for the GQA backward (32 / 8 heads), parity at 1024 and 16384;
+    groups sized by L2 alone (up to 64 pairs at 1024) ran 18% slower there."""
     by_wave = max(1, sm_count(device_index) // max(1, key_blocks))
     by_l2 = max(1, L2_BYTES // max(1, seqlen_q * row_bytes * 2))
     group = min(by_wave, by_l2)
