@@ -142,6 +142,9 @@ def backward_rows(results, peer_fns, quick):
         run_backward(results, peer_fns, 4, 4096, 16, 16, 128, causal, deterministic=True)
     # one GPT-style attention layer (GQA), forward and backward
     run_backward(results, peer_fns, 4, 4096, 32, 8, 128, True, with_forward=True)
+    # large query-head groups (Llama-3 70B, Qwen2.5 72B: 64 query heads over 8 kv heads)
+    run_backward(results, peer_fns, 2, 4096, 64, 8, 128, True)
+    run_backward(results, peer_fns, 2, 4096, 64, 8, 128, True, with_forward=True)
     if not quick:
         run_backward(results, peer_fns, 4, 4096, 16, 16, 128, False, with_forward=True)
         run_backward(results, peer_fns, 4, 4096, 16, 16, 96, True)

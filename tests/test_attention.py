@@ -95,6 +95,26 @@ def test_windows_wider_than_every_key_reach_the_kernel_as_unbounded():
     assert _window(False, (-1, -1), 300) == (False, 300, 300)
 
 
+def test_backward_splits_a_group_only_where_the_kernel_adds_its_gradients():
+    from cute_kernels.attention.config import (BWD_RUN_HEADS, BWD_SPLIT_ABOVE,
+                                               attention_bwd_config, bwd_kv_splits)
+
+    masked = attention_bwd_config(128, local=True, softcap=False, varlen=True)
+    assert bwd_kv_splits(masked, BWD_SPLIT_ABOVE, True) == 1
+    assert bwd_kv_splits(masked, 8, False) == 1  # a narrow sliding window: even walks
+    for group in range(BWD_SPLIT_ABOVE + 1, 65):
+        splits = bwd_kv_splits(masked, group, True)
+        per_run = -(-group // splits)
+        assert splits > 1 and per_run <= BWD_RUN_HEADS
+        assert (splits - 1) * per_run < group  # every run holds a query head
+    unmasked = attention_bwd_config(128, local=False, softcap=False, varlen=False)
+    deterministic = attention_bwd_config(128, local=True, softcap=False, varlen=False,
+                                         deterministic=True)
+    hdim64 = attention_bwd_config(64, local=True, softcap=False, varlen=False)
+    wide = attention_bwd_config(256, local=True, softcap=False, varlen=False)
+    assert [bwd_kv_splits(c, 8, True) for c in (unmasked, deterministic, hdim64, wide)] == [1] * 4
+
+
 @gpu
 def test_masked_key_tails_and_diagonals_at_every_offset():
     # Key tails and diagonals crossing every position of a 128-key block (both 32-bit halves of
@@ -359,6 +379,57 @@ def test_backward_persistent_ctas_take_many_key_blocks(dim, sq, sk, kw):
 def test_backward_masked_pair_groups_cover_every_key_block(b, sq, sk, hq, hkv, dim, kw):
     # masked grids take the CTAs key block by key block over groups of pairs (bwd_sm90.tile_coords)
     check_backward(*qkv(b, sq, sk, hq, hkv, dim), **kw)
+
+
+def _split(dim, group, **kw):
+    """Whether the backward splits this group over several CTAs (``config.bwd_kv_splits``)."""
+    from cute_kernels.attention.config import attention_bwd_config, bwd_kv_splits
+
+    config = attention_bwd_config(dim, local=True, softcap=bool(kw.get("softcap")), varlen=False)
+    return bwd_kv_splits(config, group, True) > 1
+
+
+@gpu
+@pytest.mark.parametrize("dim", [96, 128])
+@pytest.mark.parametrize("b,sq,sk,hq,hkv,kw", [
+    (2, 333, 290, 14, 2, {"causal": True}),  # 7 heads per kv head: runs of 2, 2, 2 and 1
+    (2, 290, 333, 8, 1, {"window_size": (-1, 20)}),
+    (1, 700, 700, 10, 2, {"causal": True, "softcap": 10.0}),
+    (3, 200, 260, 6, 1, {"causal": True, "dtype": torch.float16}),
+])
+def test_backward_split_groups_add_dk_and_dv(dim, b, sq, sk, hq, hkv, kw):
+    # large groups of query heads per kv head under a causal-like mask: several CTAs per key
+    # block, each over a run of the group, add dK and dV into fp32 accumulators
+    kw = dict(kw)
+    dtype = kw.pop("dtype", torch.bfloat16)
+    assert _split(dim, hq // hkv, **kw)
+    check_backward(*qkv(b, sq, sk, hq, hkv, dim, dtype=dtype), **kw)
+
+
+@gpu
+@pytest.mark.parametrize("dim", [96, 128])
+@pytest.mark.parametrize("kw", [{"causal": True}, {"window_size": (-1, 30)}])
+def test_backward_varlen_split_groups_write_every_gradient(dim, kw):
+    # split groups with packed sequences: empty sequences, partial and unreached key blocks,
+    # the gradient buffers poisoned with NaN
+    from cute_kernels.attention.op import _window, flash_attn_bwd
+
+    assert _split(dim, 8)
+    lens_q, lens_k = [300, 0, 130, 77, 5, 200], [100, 3, 0, 200, 5, 260]
+    cu_q, cu_k, q, k, v = varlen_qkv(lens_q, lens_k, 8, 1, dim)
+    dout = torch.randn_like(q)
+    out, lse = ck.flash_attn_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_lse=True,
+                                    **kw)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    local, left, right = _window(kw.get("causal", False), kw.get("window_size", (-1, -1)),
+                                 max(lens_q) + max(lens_k))
+    flash_attn_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max(lens_q), max(lens_k),
+                   dim ** -0.5, local, left, right, 0.0, False)
+    ref = grads(lambda *t: attention_varlen_ref(*t, cu_q, cu_k, **kw)[0], q.double(), k.double(),
+                v.double(), dout.double())
+    for name, a, r in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
+        assert not a.isnan().any(), name
+        assert (a.double() - r).abs().max().item() <= 2e-2 * r.abs().max().item() + 1e-3, name
 
 
 @gpu

@@ -4,11 +4,20 @@ D = rowsum(dO * O).
 Design:
   - One CTA per key block (tile_n keys of one key / value head of one sequence): K and V are
     loaded once and stay in shared memory; the CTA walks every query head of its group (GQA:
-    dK and dV summed over the group in registers, never expanded) and, per head, the query
-    blocks (tile_m rows) that may see its keys. A producer warp streams Q and dO blocks through
+    dK and dV summed over the group in registers, never expanded; or of its run of the group,
+    below) and, per head, the query blocks (tile_m rows) that may see its keys. A producer warp streams Q and dO blocks through
     a ``stages``-deep TMA pipeline. Tile order (``tile_coords``): each (kv head, sequence)
     pair's key blocks in turn, so the CTAs that run together share its Q and dO in the L2; with
     a causal mask, groups of pairs key block by key block, the longest walks first.
+  - Split groups (``kv_splits`` > 1, the op's run-time choice, ``config.bwd_kv_splits``: head
+    dims 96 and 128, a causal-like mask, not deterministic, more than ``BWD_SPLIT_ABOVE`` query
+    heads per kv head): under a causal mask the walks of one kv head's key blocks differ in
+    length, so CTAs that each walk a whole large group drift apart
+    and stop sharing Q, dO and dQ's rows in the L2. The group is then cut into runs of heads,
+    one CTA per (key block, run), and each CTA adds its dK and dV in fp32 into accumulators
+    (``dq_accum.py``'s layout over keys): the MMA warpgroups stage their fragments over Q's,
+    dO's, K's and V's shared memory (``stage_kv_sums``), the reduce warp adds them with four
+    1-D bulk reduces (``add_kv_sums``) and the op's finish pass converts them.
   - Persistent CTAs (``config.persistent``: no mask, not deterministic, not varlen, where every
     key block's walk is as long): one CTA per SM takes the tiles in turn (a static stride of
     the grid). Its dK and dV leave through dS's and the dQ tiles' shared memory instead of K's
@@ -68,6 +77,9 @@ Constraints:
     tile_m 64, or 128 at head dim 64 without softcap (the S^T, dP^T, dK and dV fragments then
     take 192 of a thread's 240 registers)
   - strides as the forward's (head dim contiguous, the rest multiples of 16 bytes)
+  - ``kv_splits`` > 1 only where ``splits_kv`` (masked, not deterministic); its dK / dV
+    accumulators (2 Hkv, R, D) fp32, zeroed by the caller, contiguous, on 16 bytes; dK and dV
+    are then left to the finish pass
   - dQ is summed with atomic bulk adds: bit-reproducible from run to run only with
     ``deterministic`` (then the reduce warp of each CTA waits on a per-(sequence, head, query
     block) int32 semaphore, zeroed by the caller, for its turn: ``_rank``)
@@ -88,7 +100,7 @@ from cutlass.cutlass_dsl import dsl_user_op
 from cutlass.pipeline import pipeline_init_arrive, pipeline_init_wait
 
 from ..primitives.named_barriers import AttentionBwdBarrier
-from .config import AttentionBwdConfig
+from .config import AttentionBwdConfig, kv_splits_supported
 from .dq_accum import (bulk_reduce_add, chunk_address, chunk_row, dq_split, dq_warpgroups,
                        store_fragment)
 from .fragments import as_operand_a, convert_pairs, rows_cols, warpgroup_gemm
@@ -164,6 +176,11 @@ class FlashAttnBwdSm90:
         self.do_stages = config.do_stages  # 0: dO in Q's pipeline stages
         self.do_buffers = config.do_stages or config.stages  # dO / D buffers in shared memory
         self.persistent = config.persistent
+        # A kv head's group of query heads may be split over several CTAs (a run-time choice,
+        # ``kv_splits``) that add dK and dV into fp32 accumulators (``stage_kv_sums``): with a
+        # mask (one CTA per tile), not deterministic (the adds' order is not fixed). Q's stages
+        # and K's tile (tile_m * stages >= 128, tile_n >= 128) each hold a 64 x D fp32 fragment.
+        self.splits_kv = kv_splits_supported(config)
 
     @property
     def dq_tile(self) -> int:
@@ -198,9 +215,9 @@ class FlashAttnBwdSm90:
 
     @cute.jit
     def __call__(self, mQ, mK, mV, mdO, mLSE, mD, mdQ, mdK, mdV, mCuSeqlensQ, mCuSeqlensK, mSem,
-                 scale_log2: Float32, softcap_prescale: Float32, dk_scale: Float32,
+                 mdKV, scale_log2: Float32, softcap_prescale: Float32, dk_scale: Float32,
                  window_left: Int32, window_right: Int32, max_seqlen_k: Int32, l2_group: Int32,
-                 max_ctas: Int32, stream):
+                 max_ctas: Int32, kv_splits: Int32, stream):
         cfg = self.config
         self.dtype = mQ.element_type
         varlen = const_expr(cfg.varlen)
@@ -248,14 +265,15 @@ class FlashAttnBwdSm90:
         heads, heads_kv = q.shape[2], k.shape[2]
         batches = mCuSeqlensQ.shape[0] - 1 if const_expr(varlen) else q.shape[3]
         blocks = cute.ceil_div(max_seqlen_k, tn)
-        grid = (cutlass.min(blocks * heads_kv * batches, max_ctas), 1, 1)
+        grid = (cutlass.min(blocks * heads_kv * kv_splits * batches, max_ctas), 1, 1)
         self.kernel(
             tma_q, tma_tensor_q, tma_do, tma_tensor_do, tma_k, tma_tensor_k, tma_v, tma_tensor_v,
             tma_lse, tma_tensor_lse, tma_dsum, tma_tensor_dsum, mdQ,
             # dK and dV: the tensors (varlen's partial blocks) and their TMA stores
             (dk, dv, tma_dk, tma_tensor_dk, tma_dv, tma_tensor_dv), mCuSeqlensQ, mCuSeqlensK,
-            mSem, q.shape[0], k.shape[0], heads, heads_kv, scale_log2,
+            mSem, mdKV, q.shape[0], k.shape[0], heads, heads_kv, scale_log2,
             softcap_prescale, dk_scale, window_left, window_right, blocks, batches, l2_group,
+            kv_splits,
             self.sQ_layout, self.sK_layout, self.sdS_layout, self.sdO_layout, self.mma_s,
             self.mma_kv, self.mma_dq,
         ).launch(grid=grid, block=[384, 1, 1], min_blocks_per_mp=1, stream=stream)
@@ -264,10 +282,11 @@ class FlashAttnBwdSm90:
 
     @cute.kernel
     def kernel(self, tma_q, mQ, tma_do, mdO, tma_k, mK, tma_v, mV, tma_lse, mLSE, tma_dsum, mD,
-               mdQ, kv_out, mCuSeqlensQ, mCuSeqlensK, mSem, seqlen_q_static: Int32,
+               mdQ, kv_out, mCuSeqlensQ, mCuSeqlensK, mSem, mdKV, seqlen_q_static: Int32,
                seqlen_k_static: Int32, heads: Int32, heads_kv: Int32, scale_log2: Float32,
                softcap_prescale: Float32, dk_scale: Float32, window_left: Int32,
                window_right: Int32, blocks: Int32, batches: Int32, l2_group: Int32,
+               kv_splits: Int32,
                sQ_layout: cute.ComposedLayout,
                sK_layout: cute.ComposedLayout, sdS_layout: cute.ComposedLayout,
                sdO_layout: cute.ComposedLayout,
@@ -310,9 +329,10 @@ class FlashAttnBwdSm90:
                 storage.sdS.get_tensor(sK_layout.outer, swizzle=sK_layout.inner),
                 storage.sdQ.get_tensor(sK_layout.outer, swizzle=sK_layout.inner, dtype=self.dtype))
 
-        # (key blocks, kv heads, sequences, pair group), the sequences' lengths, the window
-        schedule = (blocks, heads_kv, batches, l2_group, heads, seqlen_q_static, seqlen_k_static,
-                    mCuSeqlensQ, mCuSeqlensK, window_left, window_right)
+        # (key blocks, kv heads, sequences, pair group, CTAs per kv head's group), the query
+        # heads, the sequences' lengths, the window
+        schedule = (blocks, heads_kv, batches, l2_group, kv_splits, heads, seqlen_q_static,
+                    seqlen_k_static, mCuSeqlensQ, mCuSeqlensK, window_left, window_right)
         pipeline_init_wait(cluster_shape_mn=(1, 1))
 
         if tidx < 128:
@@ -321,12 +341,13 @@ class FlashAttnBwdSm90:
                 self.load(tma_q, tma_do, tma_k, tma_v, tma_lse, tma_dsum, mQ, mdO, mK, mV,
                           mLSE, mD, sQ, sdO, sK, sV, sLSE, sD, pipe_kv, pipe_qdo, pipe_do, schedule)
             elif warp == REDUCE_WARP:
-                self.reduce_dq(mdQ, sdQ, mSem, schedule)
+                self.reduce_dq(mdQ, sdQ, mSem, schedule, mdKV, (sQ, sdO, sK, sV))
         else:
             cute.arch.setmaxregister_increase(MMA_REGISTERS)
-            self.mma_tiles(mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD, kv_out,
-                           pipe_kv, pipe_qdo, pipe_do, schedule, scale_log2, softcap_prescale,
-                           dk_scale, tidx - 128)
+            # the split count: a kernel parameter, not a register held over the walk
+            self.mma_tiles(mma_s, mma_kv, mma_dq, sQ, sdO, sK, sV, sdS, sdQ, sLSE, sD,
+                           kv_out + (kv_splits,), pipe_kv, pipe_qdo, pipe_do, schedule,
+                           scale_log2, softcap_prescale, dk_scale, tidx - 128)
 
     def pipeline_states(self, user):
         """The K / V, Q (and dO where dO has stages of its own) pipelines' first states for the
@@ -335,24 +356,35 @@ class FlashAttnBwdSm90:
                      for n in (1, self.config.stages, max(self.do_stages, 1)))
 
     def tile_count(self, schedule):
-        """Tiles (key blocks of every kv head and sequence) in the grid: a CTA takes those from
-        its block index on, every grid-size-th (one unless persistent)."""
-        blocks, heads_kv, batches = schedule[:3]
-        return blocks * heads_kv * batches
+        """Tiles (key blocks of every kv head and sequence, ``kv_splits`` per kv head) in the
+        grid: a CTA takes those from its block index on, every grid-size-th (one unless
+        persistent)."""
+        blocks, heads_kv, batches, l2_group, kv_splits = schedule[:5]
+        return blocks * heads_kv * kv_splits * batches
 
     @cute.jit
     def tile_work(self, tile, schedule):
-        """(work, inside): the walk of linear tile ``tile`` (``seq, n_block, head_kv, batch, group,
-        m_min, m_max, steps``) and whether its key block starts inside its sequence (varlen:
-        blocks past a sequence's end are skipped)."""
-        (blocks, heads_kv, batches, l2_group, heads, seqlen_q_static, seqlen_k_static, cu_q,
-         cu_k, window_left, window_right) = schedule
-        n_block, head_kv, batch = self.tile_coords(tile, blocks, heads_kv, batches, l2_group)
+        """(work, inside): the walk of linear tile ``tile`` (``seq, n_block, head_kv, batch,
+        head0, m_min, m_max, steps``: its query heads from ``head0`` on) and whether
+        its key block starts inside its sequence (varlen: blocks past a sequence's end are
+        skipped). With ``kv_splits`` > 1 a kv head's group of query heads is cut into that many
+        runs of ceil(group / kv_splits) heads (the last one shorter), a tile each: the tile
+        coordinates' kv head is then (kv head, run)."""
+        (blocks, heads_kv, batches, l2_group, kv_splits, heads, seqlen_q_static,
+         seqlen_k_static, cu_q, cu_k, window_left, window_right) = schedule
+        n_block, run, batch = self.tile_coords(tile, blocks, heads_kv * kv_splits, batches,
+                                               l2_group)
         seq = Sequence(batch, seqlen_q_static, seqlen_k_static, cu_q, cu_k)
         group = heads // heads_kv
+        head_kv, head0, count = run, run * group, group
+        if const_expr(self.splits_kv):
+            head_kv = run // kv_splits
+            per_run = cute.ceil_div(group, kv_splits)
+            first = (run - head_kv * kv_splits) * per_run
+            head0, count = head_kv * group + first, cutlass.min(per_run, group - first)
         m_min, m_max = self.query_blocks(seq, n_block, window_left, window_right)
-        steps = group * cutlass.max(m_max - m_min, 0)
-        work = (seq, n_block, head_kv, batch, group, m_min, m_max, steps)
+        steps = count * cutlass.max(m_max - m_min, 0)
+        work = (seq, n_block, head_kv, batch, head0, m_min, m_max, steps)
         return work, n_block * self.tile_n < seq.seqlen_k
 
     @cute.jit
@@ -407,28 +439,28 @@ class FlashAttnBwdSm90:
     def _step(self, work, i):
         """(query head, query block) of step ``i`` of the CTA's walk, by division (the producer
         and reduce warps, with registers too few to carry the walk)."""
-        seq, n_block, head_kv, batch, group, m_min, m_max, steps = work
+        seq, n_block, head_kv, batch, head0, m_min, m_max, steps = work
         count = m_max - m_min
         g = i // count
         r = i - g * count
         if const_expr(self._rotated()):
             r = (r + n_block) % count
-        return head_kv * group + g, m_min + r
+        return head0 + g, m_min + r
 
     def _first_step(self, work):
         """(query head, query block, steps left in this head) of the CTA's first step: it walks
         the query blocks m_min .. m_max - 1 of each query head of its group in turn."""
-        seq, n_block, head_kv, batch, group, m_min, m_max, steps = work
+        seq, n_block, head_kv, batch, head0, m_min, m_max, steps = work
         count = m_max - m_min
         m_block = m_min
         if const_expr(self._rotated()):
             m_block = m_min + n_block % count
-        return head_kv * group, m_block, count
+        return head0, m_block, count
 
     def _next_step(self, work, head, m_block, left):
         """The step after (head, m_block), by counting (the MMA warpgroups: no division on
         their path)."""
-        seq, n_block, head_kv, batch, group, m_min, m_max, steps = work
+        seq, n_block, head_kv, batch, head0, m_min, m_max, steps = work
         m_block = m_block + 1
         m_block = cutlass.select_(m_block == m_max, m_min, m_block)
         left = left - 1
@@ -485,7 +517,7 @@ class FlashAttnBwdSm90:
                   mD, sQ, sdO, sK, sV, sLSE, sD, pipe_kv, pipe_qdo, pipe_do, work, kv_state, state,
                   do_state):
         """The loads of one tile; returns the advanced pipeline states."""
-        seq, n_block, head_kv, batch, group, m_min, m_max, steps = work
+        seq, n_block, head_kv, batch, head0, m_min, m_max, steps = work
         one = cute.make_layout(1)
         tile_kd = (self.tile_n, self.head_dim)
         gK = cute.local_tile(self._rows(mK, seq.offset_k, head_kv, batch), tile_kd, (n_block, 0))
@@ -524,13 +556,17 @@ class FlashAttnBwdSm90:
         return kv_state, state, do_state
 
     @cute.jit
-    def reduce_dq(self, mdQ, sdQ, mSem, schedule):
-        """Reduce warp, tile after tile (``reduce_tile``); at the end, the last adds have read
-        their tiles before the CTA exits."""
+    def reduce_dq(self, mdQ, sdQ, mSem, schedule, mdKV, kv_stage):
+        """Reduce warp, tile after tile (``reduce_tile``; a split group's dK and dV after its
+        last dQ tile); at the end, the last adds have read their tiles before the CTA exits."""
         for tile in range(cute.arch.block_idx()[0], self.tile_count(schedule), cute.arch.grid_dim()[0]):
             work, inside = self.tile_work(tile, schedule)
             if inside:
                 self.reduce_tile(mdQ, sdQ, mSem, work, schedule[-1])
+                if const_expr(self.splits_kv):
+                    if schedule[4] > 1:
+                        seq, n_block, head_kv, batch = work[:4]
+                        self.add_kv_sums(mdKV, kv_stage, seq, head_kv, batch, n_block)
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
@@ -542,7 +578,7 @@ class FlashAttnBwdSm90:
         sums its key blocks in one fixed order. The tiles start each tile free; a persistent
         CTA's MMA warpgroups take the last step's release (their dV goes through the dQ
         tiles' shared memory)."""
-        seq, n_block, head_kv, batch, group, m_min, m_max, steps = work
+        seq, n_block, head_kv, batch, head0, m_min, m_max, steps = work
         lane = cute.arch.lane_idx()
         full, empty = int(AttentionBwdBarrier.DQ_FULL), int(AttentionBwdBarrier.DQ_EMPTY)
         for w in cutlass.range_constexpr(self.dq_wgs):  # the tiles start free
@@ -595,7 +631,7 @@ class FlashAttnBwdSm90:
         """One tile: 64 keys per MMA warpgroup, over every step; then dK and dV out. Returns
         the advanced pipeline states."""
         cfg = self.config
-        seq, n_block, head_kv, batch, group, m_min, m_max, steps = work
+        seq, n_block, head_kv, batch, head0, m_min, m_max, steps = work
         wg = cute.arch.make_warp_uniform(tidx // 128)
         d, tm, st = self.head_dim, self.tile_m, cfg.stages
         sK_w = cute.local_tile(sK, (64, d), (wg, 0))
@@ -707,20 +743,77 @@ class FlashAttnBwdSm90:
                 cute.arch.barrier(barrier_id=dq_empty, number_of_threads=160)
             self.store_kv_tma(mma_kv, acc_dk, acc_dv, kv_out[6], kv_out[7], kv_out, seq,
                               head_kv, batch, n_block, wg, tidx, staged=True)
-        elif const_expr(self.config.varlen):  # TMA would write past a partial block's sequence
+        elif const_expr(self.splits_kv):
+            if kv_out[-1] > 1:  # other CTAs add to the same key block
+                self.stage_kv_sums(acc_dk, acc_dv, (sQ, sdO, sK, sV), wg, tidx)
+            else:
+                self.store_kv_block(mma_kv, acc_dk, acc_dv, sK, sV, kv_out, seq, head_kv, batch,
+                                    n_block, wg, tidx)
+        else:
+            self.store_kv_block(mma_kv, acc_dk, acc_dv, sK, sV, kv_out, seq, head_kv, batch,
+                                n_block, wg, tidx)
+        kv_state.advance()
+        return kv_state, state, do_state
+
+    @cute.jit
+    def store_kv_block(self, mma_kv, acc_dk, acc_dv, sK, sV, kv_out, seq, head_kv, batch,
+                       n_block, wg, tidx):
+        """dK and dV of a CTA that walked its kv head's whole group: TMA stores through K's and
+        V's tiles (``store_kv_tma``), or, for varlen's partial last block of a sequence (which
+        a TMA store would write past), 32-bit stores from registers."""
+        if const_expr(self.config.varlen):
             if (n_block + 1) * self.tile_n <= seq.seqlen_k:
                 self.store_kv_tma(mma_kv, acc_dk, acc_dv, sK, sV, kv_out, seq, head_kv, batch,
                                   n_block, wg, tidx)
             else:
-                tile, coord = (64, d), (n_block * 2 + wg, 0)
+                tile, coord = (64, self.head_dim), (n_block * 2 + wg, 0)
                 row0 = n_block * self.tile_n + wg * 64
                 for acc, out in ((acc_dk, kv_out[0]), (acc_dv, kv_out[1])):
                     self.store_kv(mma_kv, acc, out, seq, head_kv, batch, tile, coord, row0, tidx)
         else:
             self.store_kv_tma(mma_kv, acc_dk, acc_dv, sK, sV, kv_out, seq, head_kv, batch, n_block,
                               wg, tidx)
-        kv_state.advance()
-        return kv_state, state, do_state
+
+    @cute.jit
+    def stage_kv_sums(self, acc_dk, acc_dv, kv_stage, wg, tidx):
+        """dK and dV of a CTA that walked part of its kv head's group, for the reduce warp to add
+        in fp32 into their accumulators (``add_kv_sums``): each warpgroup's two fragments in
+        thread order in shared memory (``kv_stage``), free once both warpgroups' GEMMs are
+        done."""
+        ready = int(AttentionBwdBarrier.DS_READY)
+        cute.arch.barrier(barrier_id=ready, number_of_threads=256)  # every GEMM on them done
+        t = tidx % 128
+        store_fragment(acc_dk, self.kv_stage_address(kv_stage, wg, 0) + t * 16)
+        store_fragment(acc_dv, self.kv_stage_address(kv_stage, wg, 1) + t * 16)
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier_arrive(barrier_id=int(AttentionBwdBarrier.KV_STAGED),
+                                 number_of_threads=288)
+
+    @cute.jit
+    def add_kv_sums(self, mdKV, kv_stage, seq, head_kv, batch, n_block):
+        """Reduce warp: the staged dK and dV fragments (``stage_kv_sums``) added into the fp32
+        accumulators (``dq_accum.py``'s layout over keys, dK's heads first; the op's finish
+        pass converts them), one 1-D bulk reduce per fragment, read before the CTA exits."""
+        lane = cute.arch.lane_idx()
+        cute.arch.barrier(barrier_id=int(AttentionBwdBarrier.KV_STAGED), number_of_threads=288)
+        row = chunk_row(seq, batch, n_block, self.tile_n, self.config.varlen, keys=True)
+        heads_kv = mdKV.shape[0] // 2
+        for w in cutlass.range_constexpr(2):
+            for g in cutlass.range_constexpr(2):
+                dst = chunk_address(mdKV, g * heads_kv + head_kv, row + w * 64)
+                bulk_reduce_add(dst, self.kv_stage_address(kv_stage, w, g),
+                                64 * self.head_dim * 4, lane == 0)
+        cute.arch.cp_async_bulk_commit_group()
+
+    def kv_stage_address(self, kv_stage, wg, grad):
+        """Shared-memory byte address of warpgroup ``wg``'s staged dK (``grad`` 0) or dV (1)
+        fragment: dK over Q's stages (warpgroup 0) or dO's (1), dV over K's tile (0) or V's (1)
+        -- each exactly 64 x D fp32 (tile_m * stages = 128, tile_n = 128) or more."""
+        sQ, sdO, sK, sV = kv_stage
+        first, second = (sQ, sdO) if grad == 0 else (sK, sV)
+        if isinstance(wg, int):
+            return (first if wg == 0 else second).iterator.toint()
+        return cutlass.select_(wg == 0, first.iterator.toint(), second.iterator.toint())
 
     @cute.jit
     def probabilities_and_gradients(self, acc_s, acc_dp, coords, lse, dsum, scale_log2,

@@ -69,6 +69,7 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
             raise ValueError(f"unsupported backward tiles: {config}")
         self.config = config
         self.persistent = False  # one CTA per key block
+        self.splits_kv = False  # a kv head's whole group per CTA (dK^T, dV^T stored directly)
         self.tile_m, self.tile_n, self.head_dim = config.tile_m, tn, d
         self.dq_wgs = dq_warpgroups(d)
         self.dq_by_rows, self.dq_cols = dq_split(d, tm)  # by columns: D / 2 each
@@ -114,7 +115,7 @@ class FlashAttnBwdWideSm90(FlashAttnBwdSm90):
         """MMA warpgroups, one tile: scores, dK and dV for their half of the keys, dQ for their
         half of D. Returns the advanced pipeline states."""
         cfg = self.config
-        seq, n_block, head_kv, batch, group, m_min, m_max, steps = work
+        seq, n_block, head_kv, batch, head0, m_min, m_max, steps = work
         wg = cute.arch.make_warp_uniform(tidx // 128)
         d, tm, tn, st, wk = self.head_dim, self.tile_m, self.tile_n, cfg.stages, self.wg_keys
         do_st, dh = self.do_stages, self.dq_cols

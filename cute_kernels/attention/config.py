@@ -157,6 +157,39 @@ def attention_bwd_config(head_dim: int, *, local: bool, softcap: bool, varlen: b
                               do_stages=do_stages, persistent=persistent)
 
 
+# With a causal mask, the CTAs of one kv head's key blocks walk different numbers of query
+# blocks, so those that walk a whole large group of query heads drift apart: they no longer
+# read the same Q and dO rows (nor add into the same dQ rows) at about the same time, and the L2
+# stops sharing them. Groups of more than BWD_SPLIT_ABOVE query heads per kv head are then
+# split over several CTAs (runs of BWD_RUN_HEADS heads), which add their dK and dV into fp32
+# accumulators. Measured on H100 (bf16, causal, backward through autograd, TFLOP/s split /
+# whole group): head dim 128, 2 x 4096 x 64 / 8 heads 555 / 440, 1 x 16384 x 64 / 8 588 / 551,
+# 4 x 4096 x 28 / 4 515 / 439; head dim 96, 4 x 4096 x 24 / 3 486 / 346; runs of 4 heads
+# in between (521, 557, 506, 486). Groups of 4 lose by splitting (8 x 2048 x 32 / 8: 409 / 435),
+# and head dim 64 (128 queries per step) does not gain (4 x 4096 x 32 / 4: 433 / 449).
+BWD_SPLIT_ABOVE = 4
+BWD_RUN_HEADS = 2
+BWD_SPLIT_HEAD_DIMS = (96, 128)
+
+
+def kv_splits_supported(config: AttentionBwdConfig) -> bool:
+    """Whether the backward kernel of ``config`` can split a kv head's group over CTAs: with a
+    mask, not deterministic (the accumulators' adds have no fixed order), at the head dims
+    where it pays (``bwd_kv_splits``)."""
+    return (config.local and not config.deterministic
+            and config.head_dim in BWD_SPLIT_HEAD_DIMS)
+
+
+def bwd_kv_splits(config: AttentionBwdConfig, group: int, uneven_walks: bool) -> int:
+    """CTAs per kv head's key block for a group of ``group`` query heads per kv head;
+    ``uneven_walks``: the mask gives the key blocks walks of different lengths (a window at
+    least as wide as the query sequence, as a causal mask's: a narrower sliding window gives
+    every key block inside the sequence the same walk)."""
+    if not (kv_splits_supported(config) and uneven_walks) or group <= BWD_SPLIT_ABOVE:
+        return 1
+    return -(-group // BWD_RUN_HEADS)
+
+
 def all_bwd_configs() -> list[AttentionBwdConfig]:
     """Every backward configuration the op can launch."""
     return [attention_bwd_config(d, local=local, softcap=softcap, varlen=varlen, deterministic=det)

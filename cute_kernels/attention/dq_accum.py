@@ -1,11 +1,14 @@
-"""The backward's fp32 dQ accumulator: its layout, shared by the main kernels (which add into
-it), the prepare pass (which zeroes it) and the finish pass (which scales it into dQ).
+"""The backward's fp32 accumulators: their layout, shared by the main kernels (which add into
+them), the prepare pass (which zeroes dQ's) and the finish pass (which scales one into dQ, dK
+or dV).
 
 The accumulator is (H, R, D) fp32, one contiguous range of R rows of D per query head. Query
 block m (``tile_m`` rows) of sequence b owns the ``tile_m`` rows from ``chunk_row``: b times
 the padded sequence length (``ceil(Sq / tile_m) * tile_m``), or, varlen, the sequence's first
 token plus ``tile_m`` rows per sequence before it (so no block overlaps the next sequence's);
-R is what that needs (``accum_rows``).
+R is what that needs (``accum_rows``). The dK and dV accumulators of a split query-head group
+(``bwd_sm90.py``: several CTAs add into one key block) are the same over keys: (2 Hkv, R, D),
+dK's heads first, blocks of ``tile_n`` keys, a block's two MMA warpgroup tiles by rows.
 
 Inside a block's ``tile_m x D`` floats the values are not in row order but in the order the
 MMA warpgroups hold them: each dQ warpgroup's 64-row wgmma C fragment (``dq_cols`` columns)
@@ -54,11 +57,14 @@ def accum_rows(batches: int, rows_q: int, tile_m: int, varlen: bool) -> int:
 
 
 @cute.jit
-def chunk_row(seq, batch, m_block, tile_m: cutlass.Constexpr, varlen: cutlass.Constexpr):
-    """First accumulator row (within a head) of query block ``m_block`` of sequence ``batch``."""
+def chunk_row(seq, batch, m_block, tile_m: cutlass.Constexpr, varlen: cutlass.Constexpr,
+              keys: cutlass.Constexpr = False):
+    """First accumulator row (within a head) of query block ``m_block`` of sequence ``batch``
+    (``keys``: of key block ``m_block``, in a dK / dV accumulator)."""
+    offset, length = (seq.offset_k, seq.seqlen_k) if const_expr(keys) else (seq.offset_q, seq.seqlen_q)
     if const_expr(varlen):
-        return seq.offset_q + (batch + m_block) * tile_m
-    return (batch * cute.ceil_div(seq.seqlen_q, tile_m) + m_block) * tile_m
+        return offset + (batch + m_block) * tile_m
+    return (batch * cute.ceil_div(length, tile_m) + m_block) * tile_m
 
 
 @cute.jit

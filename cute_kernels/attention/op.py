@@ -18,7 +18,8 @@ from ..runtime.arch import sm_count
 from ..runtime.compile import ScalarSpec, StreamSpec, Sym, TensorSpec, get_kernel
 from ..runtime.dtypes import dtype_name
 from ..runtime.errors import check_tensor, describe
-from .config import BWD_WIDE_HEAD_DIMS, HEAD_DIMS, attention_bwd_config, attention_fwd_config
+from .config import (BWD_WIDE_HEAD_DIMS, HEAD_DIMS, attention_bwd_config, attention_fwd_config,
+                     bwd_kv_splits, kv_splits_supported)
 from .dq_accum import accum_rows
 
 DTYPES = (torch.bfloat16, torch.float16)
@@ -53,8 +54,10 @@ def bwd_kernel_specs(dtype: str, head_dim: int, varlen: bool) -> tuple:
     dq = _accum_spec(head_dim)
     cu = TensorSpec("int32", (Sym(),), (1,), 4) if varlen else None
     semaphores = TensorSpec("int32", (Sym(),) * 3, (Sym(), Sym(), 1), 4)  # (B, Hq, query blocks)
-    scalars = tuple(ScalarSpec(t) for t in ("float32",) * 3 + ("int32",) * 5)
-    return (qkv, qkv, qkv, qkv, rows, rows, dq, qkv, qkv, cu, cu, semaphores) + scalars + (StreamSpec(),)
+    scalars = tuple(ScalarSpec(t) for t in ("float32",) * 3 + ("int32",) * 6)
+    # dq: the dQ accumulator, then the dK / dV accumulators of a split group (same layout)
+    return ((qkv, qkv, qkv, qkv, rows, rows, dq, qkv, qkv, cu, cu, semaphores, dq) + scalars
+            + (StreamSpec(),))
 
 
 def _accum_spec(head_dim: int) -> TensorSpec:
@@ -78,7 +81,9 @@ def bwd_rows_specs(dtype: str, head_dim: int, varlen: bool = False) -> dict:
 def _bwd_rows_configurations(dims, dtypes, bwd_configs) -> list:
     from .preprocess import BwdFinishConfig, BwdFinishSm90, BwdPrepareSm90, BwdRowsConfig
 
-    finishes = sorted({(c.head_dim, c.tile_m, c.varlen) for c in bwd_configs if c.head_dim in dims})
+    finishes = sorted({(c.head_dim, c.tile_m, c.varlen) for c in bwd_configs if c.head_dim in dims}
+                      | {(c.head_dim, c.tile_n, c.varlen) for c in bwd_configs
+                         if c.head_dim in dims and kv_splits_supported(c)})
     prepares = [(BwdPrepareSm90, BwdRowsConfig(d, varlen),
                  bwd_rows_specs(dtype, d, varlen)["BwdPrepareSm90"])
                 for d in dims for dtype in dtypes for varlen in (False, True)]
@@ -240,17 +245,34 @@ def flash_attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
                                  dtype=torch.int32, device=q.device)
     else:
         semaphores = torch.empty(1, 1, 1, dtype=torch.int32, device=q.device)
+    heads_kv = k.shape[-2]
+    group = heads // heads_kv
+    splits = bwd_kv_splits(config, group, window_left + window_right >= max_seqlen_q)
+    dkv_accum = dq_accum  # read only where the group is split
+    if splits > 1:
+        dkv_accum = torch.zeros(2 * heads_kv, accum_rows(batches, k.shape[-3], config.tile_n, varlen),
+                                head_dim, dtype=torch.float32, device=q.device)
     kernel(_aligned(q), _aligned(k), _aligned(v), _aligned(dout), lse_log2, dsum,
-           dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k, semaphores, scale_log2, prescale,
-           softmax_scale, window_left, window_right, max_seqlen_k,
+           dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k, semaphores, dkv_accum, scale_log2,
+           prescale, softmax_scale, window_left, window_right, max_seqlen_k,
            _bwd_pair_group(max_seqlen_q, -(-max_seqlen_k // config.tile_n),
-                           head_dim * heads // k.shape[-2] * q.element_size(), q.device.index),
-           sm_count(q.device.index) if config.persistent else INT32_MAX)
-    dq_rows = _aligned(rows(dq))
-    _compiled("bwd_finish", (head_dim, config.tile_m, varlen), q.dtype, q.device.index)(
-        dq_accum, dq_rows, softmax_scale, cu_seqlens_q, max_seqlen_q)
-    if dq_rows.data_ptr() != dq.data_ptr():  # dQ's own strides were not on 16 bytes
-        dq.copy_(dq_rows.view(dq.shape))
+                           head_dim * -(-group // splits) * q.element_size(), q.device.index),
+           sm_count(q.device.index) if config.persistent else INT32_MAX, splits)
+    finish = functools.partial(_finish, q.dtype, q.device.index, head_dim, varlen)
+    finish(config.tile_m, dq_accum, rows, dq, softmax_scale, cu_seqlens_q, max_seqlen_q)
+    if splits > 1:  # dK (scaled in the kernel) and dV from their accumulators
+        for accum, grad in ((dkv_accum[:heads_kv], dk), (dkv_accum[heads_kv:], dv)):
+            finish(config.tile_n, accum, rows, grad, 1.0, cu_seqlens_k, max_seqlen_k)
+
+
+def _finish(dtype, device_index, head_dim, varlen, tile, accum, rows, grad, scale, cu_seqlens,
+            max_seqlen) -> None:
+    """``grad`` = ``scale`` * an fp32 accumulator of blocks of ``tile`` rows (``dq_accum.py``)."""
+    grad_rows = _aligned(rows(grad))
+    _compiled("bwd_finish", (head_dim, tile, varlen), dtype, device_index)(
+        accum, grad_rows, scale, cu_seqlens, max_seqlen)
+    if grad_rows.data_ptr() != grad.data_ptr():  # the gradient's own strides were not on 16 bytes
+        grad.copy_(grad_rows.view(grad.shape))
 
 
 @functools.lru_cache(maxsize=None)

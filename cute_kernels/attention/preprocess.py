@@ -9,8 +9,9 @@ before it and one after.
   threads share a row, each moving 8 values (16 bytes of O / dO) per access, and every thread
   issues its loads for all its rows before it reduces any of them (the row sum by warp
   shuffles), so a thread keeps ``passes`` rows of bytes in flight.
-- ``BwdFinishSm90`` (after): dQ = scale * accumulator, converted to dQ's dtype. A CTA owns one
-  query block of one (sequence, head): its 128 threads load the block's accumulator with
+- ``BwdFinishSm90`` (after): dQ = scale * accumulator, converted to dQ's dtype (and the same
+  for dK and dV where a split query-head group added them up: blocks of keys for queries). A
+  CTA owns one query block of one (sequence, head): its 128 threads load the block's accumulator with
   16-byte loads (thread t the values MMA thread t added: ``dq_accum.py``), write the scaled
   and converted pairs to their rows of a shared tile, and store the tile's rows with 16-byte
   stores, rows past the sequence left alone.
@@ -205,8 +206,9 @@ class BwdFinishSm90:
 
     def __init__(self, config: BwdFinishConfig):
         self.config = config
-        self.wgs = dq_warpgroups(config.head_dim)
         self.by_rows, self.cols = dq_split(config.head_dim, config.tile_m)
+        # tiles of 64 rows each (two at 128 rows: dQ at head dim 64, dK and dV), or of columns
+        self.wgs = 2 if self.by_rows else dq_warpgroups(config.head_dim)
         self.quads = WG_ROWS * self.cols // 4 // WG_THREADS  # 16-byte loads per thread and tile
         self.pad = 8  # bf16 / fp16 values after each row of the shared tile: no bank conflicts
 

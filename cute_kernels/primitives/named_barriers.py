@@ -60,3 +60,6 @@ class AttentionBwdBarrier(enum.IntEnum):
     # Head dims above 128 with one P / dS buffer: both warpgroups' GEMMs of the previous step
     # are done, the buffer may be written again: 256 threads.
     SCORES_FREE = 8
+    # A split group's dK and dV fragments are in shared memory (``stage_kv_sums``): 288
+    # threads, the reduce warp waits, the MMA warpgroups arrive.
+    KV_STAGED = 9
