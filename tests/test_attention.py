@@ -410,26 +410,10 @@ def test_backward_split_groups_add_dk_and_dv(dim, b, sq, sk, hq, hkv, kw):
 @pytest.mark.parametrize("dim", [96, 128])
 @pytest.mark.parametrize("kw", [{"causal": True}, {"window_size": (-1, 30)}])
 def test_backward_varlen_split_groups_write_every_gradient(dim, kw):
-    # split groups with packed sequences: empty sequences, partial and unreached key blocks,
-    # the gradient buffers poisoned with NaN
-    from cute_kernels.attention.op import _window, flash_attn_bwd
-
+    # split groups with packed sequences: empty sequences, partial and unreached key blocks
     assert _split(dim, 8)
-    lens_q, lens_k = [300, 0, 130, 77, 5, 200], [100, 3, 0, 200, 5, 260]
-    cu_q, cu_k, q, k, v = varlen_qkv(lens_q, lens_k, 8, 1, dim)
-    dout = torch.randn_like(q)
-    out, lse = ck.flash_attn_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_lse=True,
-                                    **kw)
-    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
-    local, left, right = _window(kw.get("causal", False), kw.get("window_size", (-1, -1)),
-                                 max(lens_q) + max(lens_k))
-    flash_attn_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max(lens_q), max(lens_k),
-                   dim ** -0.5, local, left, right, 0.0, False)
-    ref = grads(lambda *t: attention_varlen_ref(*t, cu_q, cu_k, **kw)[0], q.double(), k.double(),
-                v.double(), dout.double())
-    for name, a, r in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
-        assert not a.isnan().any(), name
-        assert (a.double() - r).abs().max().item() <= 2e-2 * r.abs().max().item() + 1e-3, name
+    check_varlen_backward_fills_poisoned_buffers([300, 0, 130, 77, 5, 200],
+                                                 [100, 3, 0, 200, 5, 260], 8, 1, dim, **kw)
 
 
 @gpu
@@ -493,12 +477,17 @@ def test_backward_varlen_deterministic_is_bit_identical(causal):
 def test_backward_varlen_gradient_buffers_poisoned_with_nan_are_fully_written(dim, kw):
     # rows no key block reaches (no keys in the sequence, a window left of every key, Sq > Sk
     # under a causal mask) and key blocks no query reaches still get their gradients written
+    check_varlen_backward_fills_poisoned_buffers([300, 0, 130, 77, 5, 200],
+                                                 [100, 3, 0, 200, 5, 60], 4, 2, dim, **kw)
+
+
+def check_varlen_backward_fills_poisoned_buffers(lens_q, lens_k, hq, hkv, dim,
+                                                 deterministic=False, **kw):
+    """The backward op into gradient buffers poisoned with NaN: every value written, and right."""
     from cute_kernels.attention.op import _window, flash_attn_bwd
 
-    lens_q, lens_k = [300, 0, 130, 77, 5, 200], [100, 3, 0, 200, 5, 60]
-    cu_q, cu_k, q, k, v = varlen_qkv(lens_q, lens_k, 4, 2, dim)
+    cu_q, cu_k, q, k, v = varlen_qkv(lens_q, lens_k, hq, hkv, dim)
     dout = torch.randn_like(q)
-    deterministic = kw.pop("deterministic", False)
     out, lse = ck.flash_attn_varlen(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_lse=True,
                                     **kw)
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
