@@ -360,7 +360,9 @@ class FlashAttnBwdSm90:
         grid: a CTA takes those from its block index on, every grid-size-th (one unless
         persistent)."""
         blocks, heads_kv, batches, l2_group, kv_splits = schedule[:5]
-        return blocks * heads_kv * kv_splits * batches
+        if const_expr(self.splits_kv):
+            heads_kv = heads_kv * kv_splits
+        return blocks * heads_kv * batches
 
     @cute.jit
     def tile_work(self, tile, schedule):
@@ -372,8 +374,8 @@ class FlashAttnBwdSm90:
         coordinates' kv head is then (kv head, run)."""
         (blocks, heads_kv, batches, l2_group, kv_splits, heads, seqlen_q_static,
          seqlen_k_static, cu_q, cu_k, window_left, window_right) = schedule
-        n_block, run, batch = self.tile_coords(tile, blocks, heads_kv * kv_splits, batches,
-                                               l2_group)
+        runs = heads_kv * kv_splits if const_expr(self.splits_kv) else heads_kv
+        n_block, run, batch = self.tile_coords(tile, blocks, runs, batches, l2_group)
         seq = Sequence(batch, seqlen_q_static, seqlen_k_static, cu_q, cu_k)
         group = heads // heads_kv
         head_kv, head0, count = run, run * group, group
