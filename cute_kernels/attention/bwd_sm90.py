@@ -10,14 +10,15 @@ Design:
     pair's key blocks in turn, so the CTAs that run together share its Q and dO in the L2; with
     a causal mask, groups of pairs key block by key block, the longest walks first.
   - Split groups (``kv_splits`` > 1, the op's run-time choice, ``config.bwd_kv_splits``: head
-    dims 96 and 128, a causal-like mask, not deterministic, more than ``BWD_SPLIT_ABOVE`` query
-    heads per kv head): under a causal mask the walks of one kv head's key blocks differ in
-    length, so CTAs that each walk a whole large group drift apart
-    and stop sharing Q, dO and dQ's rows in the L2. The group is then cut into runs of heads,
-    one CTA per (key block, run), and each CTA adds its dK and dV in fp32 into accumulators
-    (``dq_accum.py``'s layout over keys): the MMA warpgroups stage their fragments over Q's,
-    dO's, K's and V's shared memory (``stage_kv_sums``), the reduce warp adds them with four
-    1-D bulk reduces (``add_kv_sums``) and the op's finish pass converts them.
+    dims 96 and 128, a causal-like mask, more than ``BWD_SPLIT_ABOVE`` query heads per kv
+    head): under a causal mask the walks of one kv head's key blocks differ in length, so
+    CTAs that each walk a whole large group drift apart and stop sharing Q, dO and dQ's rows
+    in the L2. The group is then cut into runs of heads, one CTA per (key block, run), and
+    each CTA adds its dK and dV in fp32 into accumulators (``dq_accum.py``'s layout over
+    keys): the MMA warpgroups stage their fragments over Q's, dO's, K's and V's shared memory
+    (``stage_kv_sums``), the reduce warp adds them with four 1-D bulk reduces
+    (``add_kv_sums``; ``deterministic``: in run order, by a semaphore per key block) and the
+    op's finish pass converts them.
   - Persistent CTAs (``config.persistent``: no mask, not deterministic, not varlen, where every
     key block's walk is as long): one CTA per SM takes the tiles in turn (a static stride of
     the grid). Its dK and dV leave through dS's and the dQ tiles' shared memory instead of K's
@@ -77,12 +78,14 @@ Constraints:
     tile_m 64, or 128 at head dim 64 without softcap (the S^T, dP^T, dK and dV fragments then
     take 192 of a thread's 240 registers)
   - strides as the forward's (head dim contiguous, the rest multiples of 16 bytes)
-  - ``kv_splits`` > 1 only where ``splits_kv`` (masked, not deterministic); its dK / dV
-    accumulators (2 Hkv, R, D) fp32, zeroed by the caller, contiguous, on 16 bytes; dK and dV
-    are then left to the finish pass
-  - dQ is summed with atomic bulk adds: bit-reproducible from run to run only with
-    ``deterministic`` (then the reduce warp of each CTA waits on a per-(sequence, head, query
-    block) int32 semaphore, zeroed by the caller, for its turn: ``_rank``)
+  - ``kv_splits`` > 1 only where ``splits_kv`` (masked); its dK / dV accumulators (2 Hkv, R,
+    D) fp32, zeroed by the caller, contiguous, on 16 bytes; dK and dV are then left to the
+    finish pass
+  - dQ (and a split group's dK / dV) is summed with atomic bulk adds: bit-reproducible from
+    run to run only with ``deterministic`` (then the reduce warp of each CTA waits on int32
+    semaphores, zeroed by the caller, for its turn: (sequence, Hq + Hkv, blocks), one per
+    query head and block of tile_m queries (``_rank``), then one per kv head and key block
+    (its runs in order))
 """
 
 from __future__ import annotations
@@ -178,8 +181,8 @@ class FlashAttnBwdSm90:
         self.persistent = config.persistent
         # A kv head's group of query heads may be split over several CTAs (a run-time choice,
         # ``kv_splits``) that add dK and dV into fp32 accumulators (``stage_kv_sums``): with a
-        # mask (one CTA per tile), not deterministic (the adds' order is not fixed). Q's stages
-        # and K's tile (tile_m * stages >= 128, tile_n >= 128) each hold a 64 x D fp32 fragment.
+        # mask (one CTA per tile). Q's stages and K's tile (tile_m * stages >= 128, tile_n >=
+        # 128) each hold a 64 x D fp32 fragment.
         self.splits_kv = kv_splits_supported(config)
 
     @property
@@ -567,8 +570,7 @@ class FlashAttnBwdSm90:
                 self.reduce_tile(mdQ, sdQ, mSem, work, schedule[-1])
                 if const_expr(self.splits_kv):
                     if schedule[4] > 1:
-                        seq, n_block, head_kv, batch = work[:4]
-                        self.add_kv_sums(mdKV, kv_stage, seq, head_kv, batch, n_block)
+                        self.add_kv_sums(mdKV, kv_stage, mSem, work, schedule)
         cute.arch.cp_async_bulk_wait_group(0, read=True)
 
     @cute.jit
@@ -792,20 +794,40 @@ class FlashAttnBwdSm90:
                                  number_of_threads=288)
 
     @cute.jit
-    def add_kv_sums(self, mdKV, kv_stage, seq, head_kv, batch, n_block):
+    def add_kv_sums(self, mdKV, kv_stage, mSem, work, schedule):
         """Reduce warp: the staged dK and dV fragments (``stage_kv_sums``) added into the fp32
         accumulators (``dq_accum.py``'s layout over keys, dK's heads first; the op's finish
-        pass converts them), one 1-D bulk reduce per fragment, read before the CTA exits."""
+        pass converts them), one 1-D bulk reduce per fragment, read before the CTA exits.
+        Deterministic: the runs of a key block add in run order, each waiting until the key
+        block's semaphore (after the query heads' in ``mSem``) counts its run and counting it
+        up once its adds are complete."""
+        seq, n_block, head_kv, batch, head0 = work[:5]
         lane = cute.arch.lane_idx()
+        heads_kv = mdKV.shape[0] // 2
+        flag = None
+        if const_expr(self.config.deterministic):
+            kv_splits, heads = schedule[4], schedule[5]
+            group = heads // heads_kv
+            flag = mSem.iterator + ((batch * mSem.shape[1] + heads + head_kv) * mSem.shape[2]
+                                    + n_block)
+            if lane == 0:
+                run = (head0 - head_kv * group) // cute.ceil_div(group, kv_splits)
+                while cute.arch.load(flag, Int32, sem="acquire", scope="gpu") != run:
+                    pass
+            cute.arch.sync_warp()
         cute.arch.barrier(barrier_id=int(AttentionBwdBarrier.KV_STAGED), number_of_threads=288)
         row = chunk_row(seq, batch, n_block, self.tile_n, self.config.varlen, keys=True)
-        heads_kv = mdKV.shape[0] // 2
         for w in cutlass.range_constexpr(2):
             for g in cutlass.range_constexpr(2):
                 dst = chunk_address(mdKV, g * heads_kv + head_kv, row + w * 64)
                 bulk_reduce_add(dst, self.kv_stage_address(kv_stage, w, g),
                                 64 * self.head_dim * 4, lane == 0)
         cute.arch.cp_async_bulk_commit_group()
+        if const_expr(self.config.deterministic):
+            cute.arch.cp_async_bulk_wait_group(0, read=False)  # the adds are done
+            if lane == 0:
+                cute.arch.atomic_add(flag, Int32(1), sem="release", scope="gpu")
+            cute.arch.sync_warp()
 
     def kv_stage_address(self, kv_stage, wg, grad):
         """Shared-memory byte address of warpgroup ``wg``'s staged dK (``grad`` 0) or dV (1)

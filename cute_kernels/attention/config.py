@@ -174,10 +174,9 @@ BWD_SPLIT_HEAD_DIMS = (96, 128)
 
 def kv_splits_supported(config: AttentionBwdConfig) -> bool:
     """Whether the backward kernel of ``config`` can split a kv head's group over CTAs: with a
-    mask, not deterministic (the accumulators' adds have no fixed order), at the head dims
-    where it pays (``bwd_kv_splits``)."""
-    return (config.local and not config.deterministic
-            and config.head_dim in BWD_SPLIT_HEAD_DIMS)
+    mask, at the head dims where it pays (``bwd_kv_splits``); deterministic too (the runs of
+    a key block then add in run order)."""
+    return config.local and config.head_dim in BWD_SPLIT_HEAD_DIMS
 
 
 def bwd_kv_splits(config: AttentionBwdConfig, group: int, uneven_walks: bool) -> int:

@@ -213,9 +213,12 @@ def flash_attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     Three launches: a row pass (``preprocess.py``) writes D = rowsum(dO * O) and the LSE in
     log2 units (+inf for rows that saw no key) where the main kernel reads them and zeroes an
     fp32 dQ accumulator (``dq_accum.py``); the main kernel adds dQ into it; a finish pass
-    scales it into ``dq``.
-    ``deterministic``: the adds go in a fixed order, through one zeroed int32 semaphore per
-    (sequence, query head, block of 64 queries)."""
+    scales it into ``dq``. Where a kv head's group of query heads is split over CTAs
+    (``config.bwd_kv_splits``), dK and dV go the same way: a zeroed fp32 accumulator, and two
+    more finish passes.
+    ``deterministic``: the adds go in a fixed order, through zeroed int32 semaphores: one per
+    (sequence, query head, query block), then one per (sequence, kv head, key block) for the
+    runs of a split group."""
     varlen = cu_seqlens_q is not None
     head_dim = q.shape[-1]
     config = attention_bwd_config(head_dim, local=local, softcap=softcap > 0, varlen=varlen,
@@ -241,8 +244,9 @@ def flash_attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
         lse_log2, dsum = _padded_rows(lse), _padded_rows(lse)
         prepare(out_rows, dout_rows, lse, lse_log2, dsum, dq_accum, None, q.shape[1])
     if deterministic:
-        semaphores = torch.zeros(batches, heads, -(-max_seqlen_q // config.tile_m),
-                                 dtype=torch.int32, device=q.device)
+        blocks = max(-(-max_seqlen_q // config.tile_m), -(-max_seqlen_k // config.tile_n))
+        semaphores = torch.zeros(batches, heads + k.shape[-2], blocks, dtype=torch.int32,
+                                 device=q.device)
     else:
         semaphores = torch.empty(1, 1, 1, dtype=torch.int32, device=q.device)
     heads_kv = k.shape[-2]
@@ -533,7 +537,9 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: flo
       - the head dim contiguous; other strides that are not multiples of 8 elements (or a data
         pointer not on 16 bytes) cost a copy of that tensor
       - differentiable at every head dim (with or without softcap). dQ is summed with atomic
-        adds, so gradients are bit-identical from run to run only with ``deterministic=True``
+        adds (and dK / dV too where more than 4 query heads per kv head under a causal mask
+        are split over CTAs, at head dims 96 / 128), so gradients are bit-identical from run
+        to run only with ``deterministic=True``
     """
     key = _plan_key(q, k, v, softmax_scale, causal, window_size, softcap, dropout_p, alibi_slopes,
                     return_lse)
