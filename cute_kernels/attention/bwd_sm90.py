@@ -605,10 +605,7 @@ class FlashAttnBwdSm90:
                 bulk_reduce_add(dst + w * tile_bytes, src + w * tile_bytes, tile_bytes, lane == 0)
                 cute.arch.cp_async_bulk_commit_group()
             if const_expr(self.config.deterministic):
-                cute.arch.cp_async_bulk_wait_group(0, read=False)  # the adds are done
-                if lane == 0:
-                    cute.arch.atomic_add(flag, Int32(1), sem="release", scope="gpu")
-                cute.arch.sync_warp()
+                self.end_turn(flag)
             for w in cutlass.range_constexpr(self.dq_wgs):
                 cute.arch.cp_async_bulk_wait_group(self.dq_wgs - 1 - w, read=True)
                 cute.arch.barrier_arrive(barrier_id=empty + w, number_of_threads=160)
@@ -824,10 +821,16 @@ class FlashAttnBwdSm90:
                                 64 * self.head_dim * 4, lane == 0)
         cute.arch.cp_async_bulk_commit_group()
         if const_expr(self.config.deterministic):
-            cute.arch.cp_async_bulk_wait_group(0, read=False)  # the adds are done
-            if lane == 0:
-                cute.arch.atomic_add(flag, Int32(1), sem="release", scope="gpu")
-            cute.arch.sync_warp()
+            self.end_turn(flag)
+
+    @cute.jit
+    def end_turn(self, flag):
+        """Deterministic adds: once this warp's bulk adds are complete, lane 0 counts the
+        semaphore at ``flag`` up (release), handing the next adder its turn."""
+        cute.arch.cp_async_bulk_wait_group(0, read=False)
+        if cute.arch.lane_idx() == 0:
+            cute.arch.atomic_add(flag, Int32(1), sem="release", scope="gpu")
+        cute.arch.sync_warp()
 
     def kv_stage_address(self, kv_stage, wg, grad):
         """Shared-memory byte address of warpgroup ``wg``'s staged dK (``grad`` 0) or dV (1)
