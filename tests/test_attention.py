@@ -397,6 +397,9 @@ def _split(dim, group, **kw):
     (2, 290, 333, 8, 1, {"window_size": (-1, 20)}),
     (1, 700, 700, 10, 2, {"causal": True, "softcap": 10.0}),
     (3, 200, 260, 6, 1, {"causal": True, "dtype": torch.float16}),
+    (2, 1, 1, 8, 1, {"causal": True}),
+    (2, 1, 300, 8, 1, {"causal": True}),  # one query row, which sees every key block
+    (2, 300, 1, 8, 1, {"causal": True}),  # one key: rows before it see nothing
 ])
 def test_backward_split_groups_add_dk_and_dv(dim, b, sq, sk, hq, hkv, kw):
     # large groups of query heads per kv head under a causal-like mask: several CTAs per key
