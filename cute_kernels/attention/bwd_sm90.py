@@ -5,10 +5,11 @@ Design:
   - One CTA per key block (tile_n keys of one key / value head of one sequence): K and V are
     loaded once and stay in shared memory; the CTA walks every query head of its group (GQA:
     dK and dV summed over the group in registers, never expanded; or of its run of the group,
-    below) and, per head, the query blocks (tile_m rows) that may see its keys. A producer warp streams Q and dO blocks through
-    a ``stages``-deep TMA pipeline. Tile order (``tile_coords``): each (kv head, sequence)
-    pair's key blocks in turn, so the CTAs that run together share its Q and dO in the L2; with
-    a causal mask, groups of pairs key block by key block, the longest walks first.
+    below) and, per head, the query blocks (tile_m rows) that may see its keys. A producer
+    warp streams Q and dO blocks through a ``stages``-deep TMA pipeline. Tile order
+    (``tile_coords``): each (kv head, sequence) pair's key blocks in turn, so the CTAs that
+    run together share its Q and dO in the L2; with a causal mask, groups of pairs key block
+    by key block, the longest walks first.
   - Split groups (``kv_splits`` > 1, the op's run-time choice, ``config.bwd_kv_splits``: head
     dims 96 and 128, a causal-like mask, more than ``BWD_SPLIT_ABOVE`` query heads per kv
     head): under a causal mask the walks of one kv head's key blocks differ in length, so

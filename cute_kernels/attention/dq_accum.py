@@ -61,7 +61,9 @@ def chunk_row(seq, batch, m_block, tile_m: cutlass.Constexpr, varlen: cutlass.Co
               keys: cutlass.Constexpr = False):
     """First accumulator row (within a head) of query block ``m_block`` of sequence ``batch``
     (``keys``: of key block ``m_block``, in a dK / dV accumulator)."""
-    offset, length = (seq.offset_k, seq.seqlen_k) if const_expr(keys) else (seq.offset_q, seq.seqlen_q)
+    offset, length = seq.offset_q, seq.seqlen_q
+    if const_expr(keys):
+        offset, length = seq.offset_k, seq.seqlen_k
     if const_expr(varlen):
         return offset + (batch + m_block) * tile_m
     return (batch * cute.ceil_div(length, tile_m) + m_block) * tile_m

@@ -53,7 +53,8 @@ def bwd_kernel_specs(dtype: str, head_dim: int, varlen: bool) -> tuple:
     rows = TensorSpec("float32", (Sym(),) * (rank - 1), (Sym(divisibility=4),) * (rank - 2) + (1,), 16)
     dq = _accum_spec(head_dim)
     cu = TensorSpec("int32", (Sym(),), (1,), 4) if varlen else None
-    semaphores = TensorSpec("int32", (Sym(),) * 3, (Sym(), Sym(), 1), 4)  # (B, Hq, query blocks)
+    # deterministic: (B, Hq + Hkv, blocks), query blocks' then key blocks' semaphores
+    semaphores = TensorSpec("int32", (Sym(),) * 3, (Sym(), Sym(), 1), 4)
     scalars = tuple(ScalarSpec(t) for t in ("float32",) * 3 + ("int32",) * 6)
     # dq: the dQ accumulator, then the dK / dV accumulators of a split group (same layout)
     return ((qkv, qkv, qkv, qkv, rows, rows, dq, qkv, qkv, cu, cu, semaphores, dq) + scalars
@@ -254,8 +255,9 @@ def flash_attn_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
     splits = bwd_kv_splits(config, group, window_left + window_right >= max_seqlen_q)
     dkv_accum = dq_accum  # read only where the group is split
     if splits > 1:
-        dkv_accum = torch.zeros(2 * heads_kv, accum_rows(batches, k.shape[-3], config.tile_n, varlen),
-                                head_dim, dtype=torch.float32, device=q.device)
+        rows_k = accum_rows(batches, k.shape[-3], config.tile_n, varlen)
+        dkv_accum = torch.zeros(2 * heads_kv, rows_k, head_dim, dtype=torch.float32,
+                                device=q.device)
     kernel(_aligned(q), _aligned(k), _aligned(v), _aligned(dout), lse_log2, dsum,
            dq_accum, dk, dv, cu_seqlens_q, cu_seqlens_k, semaphores, dkv_accum, scale_log2,
            prescale, softmax_scale, window_left, window_right, max_seqlen_k,

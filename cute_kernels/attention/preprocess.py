@@ -11,10 +11,10 @@ before it and one after.
   shuffles), so a thread keeps ``passes`` rows of bytes in flight.
 - ``BwdFinishSm90`` (after): dQ = scale * accumulator, converted to dQ's dtype (and the same
   for dK and dV where a split query-head group added them up: blocks of keys for queries). A
-  CTA owns one query block of one (sequence, head): its 128 threads load the block's accumulator with
-  16-byte loads (thread t the values MMA thread t added: ``dq_accum.py``), write the scaled
-  and converted pairs to their rows of a shared tile, and store the tile's rows with 16-byte
-  stores, rows past the sequence left alone.
+  CTA owns one query block of one (sequence, head): its 128 threads load the block's
+  accumulator with 16-byte loads (thread t the values MMA thread t added: ``dq_accum.py``),
+  write the scaled and converted pairs to their rows of a shared tile, and store the tile's
+  rows with 16-byte stores, rows past the sequence left alone.
 
 Tensors (B, S, H, D) for O, dO and dQ (varlen: B = 1, S = the packed tokens), (B, H, S) fp32
 for the LSE, its log2 copy and D, all with dynamic strides but a unit last one; the
