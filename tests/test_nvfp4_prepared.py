@@ -96,3 +96,35 @@ def test_prepare_weight_checks_arguments_before_any_kernel():
         ck.nvfp4_prepare_weight(packed, scales)
     with pytest.raises(ck.UnsupportedError, match="scale_layout"):
         ck.nvfp4_prepare_weight(packed, scales, scale_layout="swizzled")
+
+
+@pytest.mark.parametrize("m,n,expected", [
+    (1, 8192, (64, 16, 1, 3)),     # 128 tiles: three warpgroups split each tile's K
+    (32, 4096, (64, 32, 1, 3)),
+    (64, 8192, (64, 64, 1, 2)),    # wider token tiles: two
+    (16, 28672, (64, 16, 2, 0)),   # more tiles than SMs: two CTAs per SM instead
+    (128, 8192, (64, 128, 1, 0)),
+    (4096, 8192, (128, 256, 1, 0)),
+])
+def test_w4a16_configuration_rule(m, n, expected):
+    from cute_kernels.quant.nvfp4_gemm import w4a16_config
+    from cute_kernels.quant.nvfp4_w4a16_sm90 import W4A16GemmSm90
+
+    cfg = w4a16_config(m, n, 132, False)
+    assert (cfg.tile_m, cfg.tile_n, cfg.ctas_per_sm, cfg.warpgroups) == expected
+    kernel = W4A16GemmSm90(cfg)
+    assert kernel.threads == 128 * (1 + max(cfg.warpgroups, cfg.tile_m // 64))
+    # setmaxnreg never asks for more registers than the launch gives the CTA
+    launch = min(65536 // (kernel.threads * cfg.ctas_per_sm) // 8 * 8, 255 // 8 * 8)
+    assert 128 * kernel.producer_registers + (kernel.threads - 128) * kernel.mma_registers <= kernel.threads * launch
+
+
+def test_w4a16_split_beyond_three_warpgroups_is_rejected():
+    import dataclasses
+
+    from cute_kernels.quant.nvfp4_gemm import w4a16_config
+    from cute_kernels.quant.nvfp4_w4a16_sm90 import W4A16GemmSm90
+
+    cfg = dataclasses.replace(w4a16_config(1, 8192, 132, False), warpgroups=4)
+    with pytest.raises(ValueError, match="2 or 3 warpgroups"):
+        W4A16GemmSm90(cfg)

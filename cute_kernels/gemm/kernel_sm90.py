@@ -143,6 +143,10 @@ class GemmSm90:
         if values > 192:
             raise ValueError(f"{values} fp32 accumulator values per thread (at most 192): {config}")
         self.threads = config.threads
+        # setmaxnreg: the producer warpgroup's registers and each MMA warpgroup's (a subclass
+        # with more warpgroups per CTA sets its own, within the CTA's launch allocation)
+        self.producer_registers = PRODUCER_REGISTERS
+        self.mma_registers = MMA_REGISTERS if config.ctas_per_sm == 1 else MMA_REGISTERS_TWO_CTAS
 
     # ------------------------------------------------------------------ host side
 
@@ -343,13 +347,12 @@ class GemmSm90:
 
         warpgroup = cute.arch.make_warp_uniform(tidx // 128)
         if warpgroup == 0:
-            cute.arch.setmaxregister_decrease(PRODUCER_REGISTERS)
+            cute.arch.setmaxregister_decrease(self.producer_registers)
             if warp == 0:
                 self.load(tma_a, tma_b, sA, sB, gA, gB, mainloop, cta_layout_mnk, cluster_coord,
                           k_tiles, schedule)
         else:
-            cute.arch.setmaxregister_increase(
-                MMA_REGISTERS if const_expr(self.config.ctas_per_sm == 1) else MMA_REGISTERS_TWO_CTAS)
+            cute.arch.setmaxregister_increase(self.mma_registers)
             self.mma_and_epilogue(tiled_mma, sA, sB, sD, gD, mD, tma_d, mC, mBias,
                                   (mScaleA, mScaleB, mZeroA, mSumB), mWork, mFlags, alpha, beta,
                                   token, mainloop, k_tiles, schedule, cluster_coord, rank,

@@ -25,8 +25,9 @@ class GemmBarrier(enum.IntEnum):
     # Stream-K (every MMA thread): the partial sum is in the workspace before its flag is set,
     # and the flag seen before the partial is read.
     STREAM_K = 5
-    # W4A16 with two MMA warpgroups splitting one tile's K (256 threads): warpgroup 1's partial
-    # sum is in shared memory (``SPLIT_K_PARTIAL``), warpgroup 0 has read it (``SPLIT_K_READ``).
+    # W4A16 with two or three MMA warpgroups splitting one tile's K (all their threads): the
+    # others' partial sums are in shared memory (``SPLIT_K_PARTIAL``), warpgroup 0 has read
+    # them (``SPLIT_K_READ``).
     SPLIT_K_PARTIAL = 6
     SPLIT_K_READ = 7
 

@@ -637,9 +637,11 @@ def w4a16_config(m: int, n: int, sms: int, bias: bool):
     """The tensor-core W4A16 kernel's configuration for ``m`` rows of x and ``n`` weight rows
     (direct launches in CUDA graphs on an H200, ``benchmarks/NOTES.md``): 16 .. 256 tokens per
     tile, 64 weight rows per tile up to 128 tokens (128 beyond). A 64-row tile's decode is bound
-    by its warpgroup's instruction stream, so SMs get two warpgroups where they can: two CTAs
-    per SM where the tiles outnumber the SMs (1 x 14336 x 4096: 1624 -> 2054 GB/s), else two
-    MMA warpgroups splitting each tile's K (16 x 8192^2: 2118 -> 2255 GB/s)."""
+    by its warpgroup's instruction stream, so SMs get more warpgroups where they can: two CTAs
+    per SM where the tiles outnumber the SMs (1 x 14336 x 4096: 1624 -> 2054 GB/s), else MMA
+    warpgroups splitting each tile's K: two (16 x 8192^2: 2118 -> 2255 GB/s), three up to 32
+    tokens (H100, CUDA graphs: 16 x 8192^2 +1-2%, 16 x 4096 x 14336 +8%, 16 x 4096^2 +5%; at
+    64 tokens three lose 4%, four warpgroups at 112 registers lose everywhere)."""
     from ..gemm.config import Epilogue, GemmConfig
 
     tile_n = next(t for t in (16, 32, 64, 128, 256) if m <= t or t == 256)
@@ -647,7 +649,7 @@ def w4a16_config(m: int, n: int, sms: int, bias: bool):
     tiles = -(-n // tile_m) * -(-m // tile_n)
     narrow = tile_m == 64 and tile_n <= 64
     return GemmConfig(tile_m, tile_n, k_blocks=8, ctas_per_sm=2 if narrow and tiles > sms else 1,
-                      warpgroups=2 if narrow and tiles <= sms else 0,
+                      warpgroups=(3 if tile_n <= 32 else 2) if narrow and tiles <= sms else 0,
                       epilogue=Epilogue(bias=bias, scalar_scale_a=True, alpha=True))
 
 

@@ -31,10 +31,10 @@ Design:
     a wgmma reads it would be corrupted) and issue 8 register-sourced wgmmas against x's
     swizzled stage (B from shared memory, as the GEMM's).
   - One warpgroup's decode is bound by its own instruction stream (one warp per scheduler), so
-    narrow tiles give each SM a second one: two CTAs per SM (``ctas_per_sm``) where there are
-    more tiles than SMs, else ``split_k``: two MMA warpgroups on one 64-row tile, each taking
-    every other k-tile into its own accumulator; warpgroup 1 leaves its sum in its epilogue
-    buffers, warpgroup 0 adds it and stores the tile.
+    narrow tiles give each SM more of them: two CTAs per SM (``ctas_per_sm``) where there are
+    more tiles than SMs, else ``split_k``: two or three MMA warpgroups on one 64-row tile, each
+    taking every second or third k-tile into its own accumulator; the others leave their sums in
+    their epilogue buffers, warpgroup 0 adds them and stores the tile.
   - Everything else is the GEMM's: persistent tiles, stream-K tail, clusters along M sharing x
     by TMA multicast, the epilogue's TMA stores of ``out^T`` (a column-major view of out), a bias
     per weight row.
@@ -45,7 +45,8 @@ Constraints:
     values with zero codes and scales)
   - tile M 64 or 128 (one or two MMA warpgroups of 64 rows), tile N 16 .. 256, 8 k-blocks per
     stage (one chunk), clusters of 1, 2 or 4 along M, no ping-pong, no fp8 options
-  - ``split_k`` (``warpgroups=2`` on a 64-row tile): tile N <= 64, one CTA per SM, no stream-K
+  - ``split_k`` (``warpgroups`` 2 or 3 on a 64-row tile): tile N <= 64, one CTA per SM, no
+    stream-K
 """
 
 from __future__ import annotations
@@ -70,6 +71,11 @@ LINE = 256  # bytes per line of the TMA box
 CHUNK_LINES = (CODE_BYTES + SCALE_BYTES) // LINE  # 20
 SCALE_FACTOR = 2.0 ** 118  # the prepared scales' factor (the decoded codes carry 2^-126)
 DECODE_EXPONENT = 8  # the decoded values are code * scale * 2^-8
+# ``split_k`` over 2 / 3 MMA warpgroups: (producer, MMA warpgroup) registers (setmaxnreg). The
+# CTA's allocation is its threads times the launch's registers (65536 / threads, in steps of 8:
+# 168 / 128), and the two together may not ask for more: 128 * 40 + 256 * 232 <= 384 * 168,
+# 128 * 40 + 384 * 152 <= 512 * 128. (Four warpgroups fit at 24 / 112 and measured slower.)
+SPLIT_REGISTERS = {2: (40, 232), 3: (40, 152)}
 
 
 # ----------------------------------------------------------------------------- host side
@@ -187,19 +193,20 @@ class W4A16GemmSm90(GemmSm90):
                 or config.fp8_promote_every or config.epilogue_mma
                 or not config.epilogue.scalar_scale_a or config.epilogue.row_scale
                 or config.epilogue.col_scale or config.epilogue.residual
-                or config.warpgroups not in (0, 2) or config.warpgroups == 2 and (
+                or config.warpgroups not in (0, *SPLIT_REGISTERS) or config.warpgroups and (
                     config.tile_m != 64 or config.tile_n > 64 or config.stream_k
                     or config.ctas_per_sm != 1)):
             raise ValueError(f"unsupported W4A16 configuration {config}: tile M 64 / 128, "
                              f"{CHUNK_K // 16} k-blocks, clusters of 1, 2 or 4 along M, no "
                              f"ping-pong, swap, pad_k or fp8 options; a scalar scale for A, at "
-                             f"most a bias; two warpgroups only on 64 x <= 64 tiles (split K)")
+                             f"most a bias; 2 or 3 warpgroups only on 64 x <= 64 tiles (split K)")
         # split_k (module docstring): the GEMM is built for one warpgroup per 64-row tile, then
-        # given the second.
-        self.split_k = config.warpgroups == 2
+        # given the others.
+        self.split_k = config.warpgroups
         super().__init__(dataclasses.replace(config, warpgroups=0) if self.split_k else config)
         if self.split_k:
-            self.config, self.num_mma_wg, self.threads = config, 2, config.threads
+            self.config, self.num_mma_wg, self.threads = config, self.split_k, config.threads
+            self.producer_registers, self.mma_registers = SPLIT_REGISTERS[self.split_k]
 
     @cute.jit
     def __call__(self, mA, mX, mOut, mC, mBias, mScaleA, mScaleB, mZeroA, mSumB, mWork, mFlags,
@@ -223,10 +230,11 @@ class W4A16GemmSm90(GemmSm90):
 
     def a_operand(self, tiled_mma, sA, sD, row_block, tidx):
         """(the A fragment of one k-tile, this thread's code and scale addresses in stage 0,
-        where warpgroup 1 leaves its partial sum with ``split_k``: its epilogue buffers)."""
+        where warpgroup 1 leaves its partial sum with ``split_k``: its epilogue buffers, the
+        next warpgroups' in theirs)."""
         frag = tiled_mma.make_fragment_A(
             tiled_mma.get_slice(0).partition_shape_A((CHUNK_ROWS, self.tile_mnk[2])))
-        block = 0 if const_expr(self.split_k) else row_block  # split K: one slab, both halves
+        block = 0 if const_expr(self.split_k) else row_block  # split K: one slab for all
         chunk = Int32((sA.iterator + cute.crd2idx((block * CHUNK_LINES, 0, 0), sA.layout)).toint())
         partial = None
         if const_expr(self.split_k):
@@ -265,35 +273,40 @@ class W4A16GemmSm90(GemmSm90):
     @cute.jit
     def split_k_tiles(self, tiled_mma, acc, frag, codes, scales, partial, tCrB, mainloop, read,
                       k_first, k_end):
-        """``split_k``: this warpgroup's k-tiles (every other one) into ``acc``, then
-        warpgroup 0 adds warpgroup 1's sum. Returns (read, release) at the tile's end."""
+        """``split_k``: this warpgroup's k-tiles (every ``split_k``-th one) into ``acc``, then
+        warpgroup 0 adds the others' sums. Returns (read, release) at the tile's end."""
+        wgs = const_expr(self.split_k)
         wg = cute.arch.make_warp_uniform(cute.arch.thread_idx()[0] // 128) - 1
         state = read.clone()  # this warpgroup's next k-tile
-        if wg == 1:
+        for _ in range(wg):
             state.advance()
         previous = state.clone()  # and its previous one
-        mine = (k_end - k_first - wg + 1) // 2
+        mine = (k_end - k_first - wg + wgs - 1) // wgs
         for j in range(mine):
             self.k_tile(tiled_mma, acc, frag, codes, scales, tCrB, mainloop, state, previous, j > 0)
             if j > 0:
-                previous.advance()
-                previous.advance()
-            state.advance()
-            state.advance()
+                for _ in cutlass.range_constexpr(wgs):
+                    previous.advance()
+            for _ in cutlass.range_constexpr(wgs):
+                state.advance()
         cute.nvgpu.warpgroup.wait_group(0)
         if mine > 0:
             mainloop.consumer_release(previous)
-        for _ in range(k_first, k_end):  # past both warpgroups' k-tiles of the tile
+        for _ in range(k_first, k_end):  # past all warpgroups' k-tiles of the tile
             read.advance()
         size = const_expr(cute.size(acc))
-        if wg == 1:
+        region = const_expr(self.config.epi_stages * self.epi_tile[0] * self.epi_tile[1]
+                            * self.d_dtype.width // 8)  # one warpgroup's epilogue buffers
+        if wg > 0:
+            mine_at = partial + (wg - 1) * region
             for i in cutlass.range_constexpr(size):
-                _st_shared_f32(partial + i * 512, _after_wait(acc[i]))
-        cute.arch.barrier(barrier_id=int(GemmBarrier.SPLIT_K_PARTIAL), number_of_threads=256)
+                _st_shared_f32(mine_at + i * 512, _after_wait(acc[i]))
+        cute.arch.barrier(barrier_id=int(GemmBarrier.SPLIT_K_PARTIAL), number_of_threads=128 * wgs)
         if wg == 0:
-            for i in cutlass.range_constexpr(size):
-                acc[i] = _after_wait(acc[i]) + _ld_shared_f32(partial + i * 512)
-        cute.arch.barrier(barrier_id=int(GemmBarrier.SPLIT_K_READ), number_of_threads=256)
+            for w in cutlass.range_constexpr(wgs - 1):
+                for i in cutlass.range_constexpr(size):
+                    acc[i] = _after_wait(acc[i]) + _ld_shared_f32(partial + w * region + i * 512)
+        cute.arch.barrier(barrier_id=int(GemmBarrier.SPLIT_K_READ), number_of_threads=128 * wgs)
         return read, read.clone()
 
     @cute.jit
