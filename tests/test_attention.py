@@ -169,6 +169,30 @@ def test_long_sequences(dim, causal):
     check(*qkv(1, 4096, 4096, 2, 1, dim), causal=causal)
 
 
+def test_wide_key_tiles_only_where_rows_see_many_keys():
+    from cute_kernels.attention.config import WIDE_TILE_MIN_KEYS, attention_fwd_config
+
+    def tile(**kw):
+        cfg = attention_fwd_config(128, softcap=False, max_seqlen_k=16384, **kw)
+        return cfg.tile_n, cfg.stages
+
+    assert tile(local=False, varlen=False) == (176, 2)
+    assert tile(local=True, varlen=False, window_keys=16384) == (176, 2)  # causal
+    assert tile(local=True, varlen=False, window_keys=WIDE_TILE_MIN_KEYS) == (176, 2)
+    assert tile(local=True, varlen=False, window_keys=WIDE_TILE_MIN_KEYS - 1) == (128, 3)
+    assert tile(local=True, varlen=True, window_keys=16384) == (128, 3)
+
+
+@gpu
+@pytest.mark.parametrize("sq,sk,kw", [(8200, 8200, {"causal": True}), (8250, 8400, {"causal": True}),
+                                      (8400, 8250, {"window_size": (1000, 0)}),
+                                      (8200, 8200, {"window_size": (2500, 2500), "softcap": 30.0})])
+def test_masked_rows_past_the_paired_range(sq, sk, kw):
+    # head dim 128 with a mask beyond 8192 keys: one CTA per query tile, 176-key blocks where
+    # rows see many keys (the diagonal and the window's edges cross two of them), 128 else
+    check(*qkv(1, sq, sk, 2, 1, 128), **kw)
+
+
 @gpu
 @pytest.mark.parametrize("dim", [64, 96, 128])
 @pytest.mark.parametrize("sq,sk,kw", [(640, 640, {"causal": True}), (1000, 1000, {"causal": True}),

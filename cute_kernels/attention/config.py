@@ -68,9 +68,19 @@ PERSISTENT_ANY_KEYS = (64, 96)  # unmasked head dims whose alternative is the sa
 TILES = {64: (192, 128), 96: (128, 128), 128: (128, 128), 192: (128, 112), 256: (128, 80)}
 
 
+# With a mask, one CTA per tile at head dim 128 (past the paired range): 128 x 176 tiles where
+# a row sees at least this many keys (measured on H100, bf16, 16 heads, S = 16384, against 128 x
+# 128 with a third K / V stage: causal +14-16%, softcap causal +10-15%, a symmetric window of
+# 2048 +2-9%; but a window of 1024 -7%, of 256 -17%, where the edge blocks' masked keys weigh
+# more; varlen causal with sequences of 3000-5000 -2%).
+WIDE_TILE_MIN_KEYS = 4096
+
+
 @functools.lru_cache(maxsize=4096)
 def attention_fwd_config(head_dim: int, *, local: bool, softcap: bool, varlen: bool,
-                         max_seqlen_k: int = 0) -> AttentionFwdConfig:
+                         max_seqlen_k: int = 0, window_keys: int | None = None) -> AttentionFwdConfig:
+    """The forward's configuration; ``window_keys``: with a mask, at most how many keys one
+    query row sees (None: as many as there are)."""
     tile_m, tile_n = TILES[head_dim]
     fits = AttentionFwdConfig(head_dim, tile_m, tile_n, persistent=True).smem_bytes <= SMEM_BYTES
     limit = PERSISTENT_MAX_KEYS[local]
@@ -84,9 +94,9 @@ def attention_fwd_config(head_dim: int, *, local: bool, softcap: bool, varlen: b
     if head_dim == 128:
         # Measured on H100 (16k tokens, 16 heads, bf16): without a mask 128 x 176 tiles run
         # 3-4% faster than 128 x 128 at S >= 4096 (fewer barriers and waits per FLOP); with a
-        # mask the wider tile wastes more of the diagonal blocks, and a third K / V stage
-        # (224 KB) gains about as much instead.
-        if local:
+        # mask, see WIDE_TILE_MIN_KEYS (else a third K / V stage, 224 KB).
+        wide = not varlen and (window_keys is None or window_keys >= WIDE_TILE_MIN_KEYS)
+        if local and not wide:
             stages = 3
         else:
             tile_n = 176
@@ -99,9 +109,10 @@ def all_fwd_configs() -> list[AttentionFwdConfig]:
     limits = sorted({*PERSISTENT_MAX_KEYS.values(), *PAIRED_MAX_KEYS.values()})
     key_counts = [1] + [n + d for n in limits for d in (0, 1)]
     found = {
-        attention_fwd_config(d, local=local, softcap=softcap, varlen=varlen, max_seqlen_k=keys)
+        attention_fwd_config(d, local=local, softcap=softcap, varlen=varlen, max_seqlen_k=keys,
+                             window_keys=window)
         for d in HEAD_DIMS for local in (False, True) for softcap in (False, True)
-        for varlen in (False, True) for keys in key_counts
+        for varlen in (False, True) for keys in key_counts for window in (None, 1)
     }
     return sorted(found, key=lambda c: (c.head_dim, c.persistent, c.local, c.softcap, c.varlen))
 

@@ -177,7 +177,7 @@ def flash_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
     layout (B, S, H, D) without cu_seqlens, packed (total, H, D) with them. Windows are
     non-negative here (unbounded sides already replaced by Sq + Sk)."""
     kernel, scalars = _forward_launch(q, cu_seqlens_q is not None, max_seqlen_k, softmax_scale,
-                                      local, softcap)
+                                      local, softcap, window_left + window_right + 1)
     q, k, v = _aligned(q), _aligned(k), _aligned(v)
     scale_log2, prescale, group, ctas = scalars
     kernel(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, scale_log2, prescale, window_left,
@@ -185,12 +185,14 @@ def flash_attn_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch
 
 
 def _forward_launch(q: torch.Tensor, varlen: bool, max_seqlen_k: int, softmax_scale: float,
-                    local: bool, softcap: float):
+                    local: bool, softcap: float, window_keys: int):
     """The compiled forward kernel for these options and its scalar arguments
-    (scale_log2, softcap_prescale, l2_group, max_ctas)."""
+    (scale_log2, softcap_prescale, l2_group, max_ctas); ``window_keys``: the window's width
+    (left + right + 1, unbounded sides as Sq + Sk)."""
     head_dim = q.shape[-1]
     config = attention_fwd_config(head_dim, local=local, softcap=softcap > 0, varlen=varlen,
-                                  max_seqlen_k=max_seqlen_k)
+                                  max_seqlen_k=max_seqlen_k,
+                                  window_keys=min(window_keys, max_seqlen_k) if local else None)
     kernel = _compiled("fwd", config, q.dtype, q.device.index)
     if softcap > 0:
         scale_log2, prescale = softcap * LOG2_E, softmax_scale / softcap
@@ -495,7 +497,8 @@ def _forward_plan(q, k, v, scale, causal, window_size, softcap, return_lse):
         return None
     local, left, right = _window(causal, window_size, seqlen_q + seqlen_k)
     kernel, (scale_log2, prescale, group, ctas) = _forward_launch(q, False, seqlen_k, scale,
-                                                                  local, float(softcap))
+                                                                  local, float(softcap),
+                                                                  left + right + 1)
     out_shape, lse_shape = q.shape, (batch, heads_q, seqlen_q)
     dtype, device = q.dtype, q.device
 
