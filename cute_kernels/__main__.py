@@ -8,8 +8,9 @@ import sys
 DESCRIPTION = """\
 Without a command: the self-check. On a GPU machine it runs every op on random data against a
 float64 reference and prints the error and the time against torch. Without a GPU it compiles a
-sample of kernel configurations for sm_90a and reports what their PTX holds (reports are kept in
-the disk cache, so a second run is quick). The exit code is non-zero on any failure.
+sample of kernel configurations for sm_90a in parallel processes and reports what their PTX
+holds (reports are kept in the disk cache, so a second run is quick). The exit code is non-zero
+on any failure.
 
 precompile: compile every kernel configuration the heuristics can return into the disk cache
 (CUTE_KERNELS_CACHE_DIR, default ~/.cache/cute_kernels) without a GPU, in parallel processes; a

@@ -2,8 +2,9 @@
 
 The self-check, with a GPU, runs every op on random data against its float64 reference and
 prints a table (op, shape, dtype, max relative error, our time, torch's time, ratio). Without
-one, it compiles a sample of kernel configurations for sm_90a and reports what the PTX holds;
-the reports are kept in the disk cache, so a second run reads them instead of compiling.
+one, it compiles a sample of kernel configurations for sm_90a (in parallel processes, one per
+CPU) and reports what the PTX holds; the reports are kept in the disk cache, so a second run
+reads them instead of compiling.
 
 ``precompile`` compiles, in parallel processes, every configuration the heuristics can return
 (and, with ``--from``, the kernels a recorded workload used) into the disk cache, where a GPU
@@ -126,39 +127,79 @@ def _mark(present: bool, expected: bool) -> str:
     return "✗" if expected else "–"
 
 
-def check_compile_only(everything: bool) -> int:
+# The running self-check's kernels, (family, kernel class, config, specs): its worker
+# processes, forked, find them here by index (a kernel class need not pickle).
+_CHECK_PLAN: list = []
+
+
+def _inspect_chunk(indices: list) -> list:
+    """Worker: (index, the report's facts as a dict, or the compile error's text) for each
+    kernel of ``_CHECK_PLAN`` at ``indices`` (reports kept in the disk cache)."""
     from .runtime import CuteKernelsError, inspect_kernel
 
+    found = []
+    for index in indices:
+        _, kernel, config, specs = _CHECK_PLAN[index]
+        try:
+            report = inspect_kernel(kernel, config, specs, arch="sm_90a", cache=True)
+        except CuteKernelsError as exc:
+            found.append((index, str(exc)))
+            continue
+        found.append((index, {
+            "cached": report.cached, "registers": report.registers,
+            "spills": report.spill_stores + report.spill_loads,
+            "local_memory": report.local_memory, "serialized": tuple(report.wgmma_serialized),
+            "wgmma": report.has("wgmma.mma_async"), "tma": report.has("cp.async.bulk.tensor"),
+            "seconds": report.seconds,
+        }))
+    return found
+
+
+def check_compile_only(everything: bool, jobs: int | None = None) -> int:
+    import multiprocessing
+
     print("No CUDA GPU: compiling kernels for sm_90a and reading their PTX instead.")
+    _CHECK_PLAN[:] = [(name, kernel, config, specs) for name in FAMILY_MODULES
+                      for kernel, config, specs
+                      in family_module(name).compile_configurations(quick=not everything)]
+    indices = list(range(len(_CHECK_PLAN)))
+    jobs = max(1, min(jobs or default_jobs(), len(indices)))
+    if jobs == 1:
+        results = dict(_inspect_chunk(indices))
+    else:  # round-robin chunks in forked processes (the slow GEMM and attention kernels spread)
+        print(f"({len(indices)} kernels, {jobs} processes)")
+        results = {}
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("fork")) as pool:
+            for future in as_completed([pool.submit(_inspect_chunk, indices[j::jobs])
+                                        for j in range(jobs)]):
+                results.update(future.result())
     print(f"{'family':13s} {'kernel':18s} {'configuration':38s} {'regs':>4s} {'spill':>5s} "
           f"{'wgmma':>5s} {'tma':>3s} {'secs':>5s}")
     print("-" * TABLE_WIDTH)
     failures = cached = 0
-    for name in FAMILY_MODULES:
-        for kernel, config, specs in family_module(name).compile_configurations(quick=not everything):
-            # a family's helper kernels without GEMMs (attention's preprocess) say so
-            tensor_cores = getattr(kernel, "tensor_cores", name in TENSOR_CORE_FAMILIES)
-            label = config_label(config)
-            if len(label) > 38:
-                label = label[:37] + "…"
-            try:
-                report = inspect_kernel(kernel, config, specs, arch="sm_90a", cache=True)
-            except CuteKernelsError as exc:
-                print(_wrapped(f"{name:13s} {kernel.__name__:18s} {label:38s} FAILED: {exc}"))
-                failures += 1
-                continue
-            cached += report.cached
-            wgmma, tma = report.has("wgmma.mma_async"), report.has("cp.async.bulk.tensor")
-            spills = report.spill_stores + report.spill_loads
-            bad = report.local_memory or bool(report.wgmma_serialized) or (
-                tensor_cores and not (wgmma and tma))
-            failures += bad
-            secs = "disk" if report.cached else f"{report.seconds:5.1f}"
-            print(f"{name:13s} {kernel.__name__:18s} {label:38s} {report.registers:4d} {spills:5d} "
-                  f"{_mark(wgmma, tensor_cores):>5s} {_mark(tma, tensor_cores):>3s} {secs:>5s}"
-                  + ("  FAIL" if bad else ""))
-            for remark in report.wgmma_serialized:
-                print(_wrapped(f"    ptxas: {remark}"))
+    for index, (name, kernel, config, _) in enumerate(_CHECK_PLAN):
+        # a family's helper kernels without GEMMs (attention's preprocess) say so
+        tensor_cores = getattr(kernel, "tensor_cores", name in TENSOR_CORE_FAMILIES)
+        label = config_label(config)
+        if len(label) > 38:
+            label = label[:37] + "…"
+        report = results[index]
+        if isinstance(report, str):
+            print(_wrapped(f"{name:13s} {kernel.__name__:18s} {label:38s} FAILED: {report}"))
+            failures += 1
+            continue
+        cached += report["cached"]
+        wgmma, tma = report["wgmma"], report["tma"]
+        bad = report["local_memory"] or bool(report["serialized"]) or (
+            tensor_cores and not (wgmma and tma))
+        failures += bad
+        secs = "disk" if report["cached"] else f"{report['seconds']:5.1f}"
+        print(f"{name:13s} {kernel.__name__:18s} {label:38s} {report['registers']:4d} "
+              f"{report['spills']:5d} {_mark(wgmma, tensor_cores):>5s} "
+              f"{_mark(tma, tensor_cores):>3s} {secs:>5s}" + ("  FAIL" if bad else ""))
+        for remark in report["serialized"]:
+            print(_wrapped(f"    ptxas: {remark}"))
+    _CHECK_PLAN.clear()
     print("-" * TABLE_WIDTH)
     print("wgmma / tma: ✓ in the PTX; – not used by this family (row-wise kernels run on plain "
           "vector\nloads and warp reductions); ✗ missing where required (a failure). A row fails "

@@ -160,3 +160,27 @@ def test_self_check_table_reads_well(tmp_path, monkeypatch, capsys):
         assert "True" not in out and "False" not in out
     assert " disk" in second and "(1 this time" in second
     assert small[1].label in first  # the short configuration name
+
+
+@pytest.mark.compile
+def test_self_check_compiles_in_parallel_processes_and_keeps_the_order(tmp_path, monkeypatch, capsys):
+    from cute_kernels import commands
+    from cute_kernels.rowwise.softmax_op import compile_configurations
+
+    monkeypatch.setenv("CUTE_KERNELS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CUTE_KERNELS_ARCH", "sm_90a")
+    two = sorted(compile_configurations(quick=True), key=lambda case: getattr(case[1], "n", 1 << 30))[:2]
+
+    class Family:
+        @staticmethod
+        def compile_configurations(quick):
+            return two
+
+    monkeypatch.setattr(commands, "family_module", lambda name: Family)
+    monkeypatch.setattr(commands, "FAMILY_MODULES", {"softmax": "unused"})
+    assert commands.check_compile_only(everything=False, jobs=2) == 0
+    out = capsys.readouterr().out
+    assert "(2 kernels, 2 processes)" in out
+    rows = [line for line in out.splitlines() if line.startswith("softmax ")]
+    assert [r.split()[2] for r in rows] == [commands.config_label(c).split()[0] for _, c, _ in two]
+    assert len(list(tmp_path.rglob("*.report.json"))) == 2  # the workers kept their reports
