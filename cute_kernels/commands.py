@@ -3,8 +3,8 @@
 The self-check, with a GPU, runs every op on random data against its float64 reference and
 prints a table (op, shape, dtype, max relative error, our time, torch's time, ratio). Without
 one, it compiles a sample of kernel configurations for sm_90a (in parallel processes, one per
-CPU) and reports what the PTX holds; the reports are kept in the disk cache, so a second run
-reads them instead of compiling.
+CPU up to 8) and reports what the PTX holds; the reports are kept in the disk cache, so a
+second run reads them instead of compiling.
 
 ``precompile`` compiles, in parallel processes, every configuration the heuristics can return
 (and, with ``--from``, the kernels a recorded workload used) into the disk cache, where a GPU
@@ -127,6 +127,7 @@ def _mark(present: bool, expected: bool) -> str:
     return "✗" if expected else "–"
 
 
+CHECK_JOBS = 8  # the self-check's processes at most (each holds the DSL: ~0.7 GB)
 # The running self-check's kernels, (family, kernel class, config, specs): its worker
 # processes, forked, find them here by index (a kernel class need not pickle).
 _CHECK_PLAN: list = []
@@ -163,7 +164,7 @@ def check_compile_only(everything: bool, jobs: int | None = None) -> int:
                       for kernel, config, specs
                       in family_module(name).compile_configurations(quick=not everything)]
     indices = list(range(len(_CHECK_PLAN)))
-    jobs = max(1, min(jobs or default_jobs(), len(indices)))
+    jobs = max(1, min(jobs or min(default_jobs(), CHECK_JOBS), len(indices)))
     if jobs == 1:
         results = dict(_inspect_chunk(indices))
     else:  # round-robin chunks in forked processes (the slow GEMM and attention kernels spread)
