@@ -9,6 +9,7 @@ from cute_kernels.quant.formats import nvfp4_dequantize_ref, nvfp4_quantize_ref
 from cute_kernels.quant.nvfp4_w4a16_sm90 import (
     CHUNK_LINES,
     CODE_BYTES,
+    K_ALIGN,
     LINE,
     prepare_weight,
     unprepare_weight,
@@ -27,8 +28,8 @@ def _random_nvfp4(n, k, seed):
 def test_prepare_round_trip_and_padding(n, k):
     codes, scales = _random_nvfp4(n, k, n + k)
     data = prepare_weight(codes, scales)
-    slabs, tiles = -(-n // 64), -(-k // 128)
-    assert data.shape == (slabs * CHUNK_LINES, tiles * LINE) and data.dtype == torch.uint8
+    slabs, tiles = -(-n // 64), -(-k // K_ALIGN)
+    assert data.shape == (slabs * 2 * CHUNK_LINES, tiles * LINE) and data.dtype == torch.uint8
     back_codes, back_scales = unprepare_weight(data, n, k)
     assert torch.equal(back_codes, codes) and torch.equal(back_scales, scales)
     # the padding is zeros: the same as preparing the weight padded with zero codes and scales
@@ -58,31 +59,30 @@ def _decode_word(word, s_top, s_bottom):
 
 def test_kernel_fragments_decode_to_the_reference():
     """Thread t of the MMA warpgroup, k-block kb: its word and scales as the kernel reads them
-    (16 bytes at 16 t per half, two bf16 scales per k-block at 4096 + 512 half + 16 (t / 4)),
-    decoded as the kernel
-    does, land at the wgmma A fragment's (row, column) positions; the matrix they form is the
-    reference dequantization (times 2^-8)."""
+    (16 bytes at 16 t of the k-block's 64-value chunk, two bf16 scales per k-block at
+    2048 + 16 (t / 4)), decoded as the kernel does, land at the wgmma A fragment's (row,
+    column) positions; the matrix they form is the reference dequantization (times 2^-8)."""
     n, k = 64, 256
     x = torch.randn(n, k) * 3
     codes, scales, _ = nvfp4_quantize_ref(x, torch.tensor(1.0))
     ref = nvfp4_dequantize_ref(codes, scales, torch.tensor(1.0)).double().numpy()
     data = prepare_weight(codes, scales.view(torch.uint8)).numpy()
-    chunks = data.reshape(1, CHUNK_LINES, -1, LINE).transpose(0, 2, 1, 3).reshape(1, -1, CHUNK_LINES * LINE)
+    # a k-tile's 20 lines of 256 bytes: its first 64 values' chunk (10 lines), then the next one's
+    chunks = data.reshape(1, 2 * CHUNK_LINES, -1, LINE).transpose(0, 2, 1, 3).reshape(1, -1, CHUNK_LINES * LINE)
     got = np.full((n, k), np.nan)
-    for tile in range(chunks.shape[1]):
-        chunk = chunks[0, tile]
+    for index in range(chunks.shape[1]):
+        chunk = chunks[0, index]
         for t in range(128):
             w, lane = t // 32, t % 32
             g, c = lane // 4, lane % 4
-            for kb in range(8):
-                half, j = kb // 4, kb % 4
-                word = chunk[half * 2048 + 16 * t + 4 * j:half * 2048 + 16 * t + 4 * j + 4].view(np.uint32)[0]
-                at = CODE_BYTES + half * 512 + 16 * (t // 4) + 4 * j  # the k-block's two bf16 scales
+            for kb in range(4):
+                word = chunk[16 * t + 4 * kb:16 * t + 4 * kb + 4].view(np.uint32)[0]
+                at = CODE_BYTES + 16 * (t // 4) + 4 * kb  # the k-block's two bf16 scales
                 top, bottom = _bf16(chunk[at:at + 4].view(np.uint16).astype(np.uint32))
                 regs = _decode_word(np.uint32(word), top, bottom)
                 for i, (lo, hi) in enumerate(regs):
                     h, q = i % 2, i // 2
-                    row, col = 16 * w + 8 * h + g, 128 * tile + 16 * kb + 8 * q + 2 * c
+                    row, col = 16 * w + 8 * h + g, 64 * index + 16 * kb + 8 * q + 2 * c
                     got[row, col], got[row, col + 1] = lo * 2.0 ** 8, hi * 2.0 ** 8
     np.testing.assert_array_equal(got, ref)
 

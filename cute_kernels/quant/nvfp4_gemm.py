@@ -590,10 +590,10 @@ def gemm_w4a16(x, w_fp4, w_scales, w_global_scale=1.0, bias=None, *, scale_layou
 
 class NVFP4Weight:
     """An NVFP4 weight prepared once for ``gemm_w4a16``'s tensor-core kernel
-    (``nvfp4_prepare_weight``): the same codes regrouped into 64-row x 128-value chunks in the
-    order the kernel's threads read them and the e4m3 block scales as bf16 (exact), N and K
-    padded to those multiples with zeros (``nvfp4_w4a16_sm90``): 11% more bytes than the packed
-    codes and e4m3 scales, plus the padding."""
+    (``nvfp4_prepare_weight``): the same codes regrouped into 64-row x 64-value chunks in the
+    order the kernel's threads read them and the e4m3 block scales as bf16 (exact), N padded to
+    64 rows and K to 128 values with zeros (``nvfp4_w4a16_sm90``): 11% more bytes than the
+    packed codes and e4m3 scales, plus the padding."""
 
     def __init__(self, data: torch.Tensor, n: int, k: int):
         self.data, self.n, self.k = data, n, k
@@ -641,14 +641,19 @@ def w4a16_config(m: int, n: int, sms: int, bias: bool):
     per SM where the tiles outnumber the SMs (1 x 14336 x 4096: 1624 -> 2054 GB/s), else MMA
     warpgroups splitting each tile's K: two (16 x 8192^2: 2118 -> 2255 GB/s), three up to 32
     tokens (H100, CUDA graphs: 16 x 8192^2 +1-2%, 16 x 4096 x 14336 +8%, 16 x 4096^2 +5%; at
-    64 tokens three lose 4%, four warpgroups at 112 registers lose everywhere)."""
+    64 tokens three lose 4%, four warpgroups at 112 registers lose everywhere). 128-row tiles
+    take k-tiles of one chunk (five stages instead of two at 128 x 256) in clusters of two (H100,
+    CUDA graphs, medians of 6 rounds: 4096 x 8192^2 675 -> 740 TFLOP/s, 4096 x 28672 x 4096
+    651 -> 695, 512 x 8192^2 674 -> 750)."""
     from ..gemm.config import Epilogue, GemmConfig
 
     tile_n = next(t for t in (16, 32, 64, 128, 256) if m <= t or t == 256)
     tile_m = 64 if m <= 128 else 128
     tiles = -(-n // tile_m) * -(-m // tile_n)
     narrow = tile_m == 64 and tile_n <= 64
-    return GemmConfig(tile_m, tile_n, k_blocks=8, ctas_per_sm=2 if narrow and tiles > sms else 1,
+    wide = tile_m == 128  # one chunk per k-tile (more stages), x shared by pairs of CTAs
+    return GemmConfig(tile_m, tile_n, k_blocks=4 if wide else 8, cluster_m=2 if wide else 1,
+                      ctas_per_sm=2 if narrow and tiles > sms else 1,
                       warpgroups=(3 if tile_n <= 32 else 2) if narrow and tiles <= sms else 0,
                       epilogue=Epilogue(bias=bias, scalar_scale_a=True, alpha=True))
 

@@ -7,15 +7,18 @@ MMA's M (64 per MMA warpgroup), the tokens its N (16 .. 256), so a decode step o
 and a prefill of thousands run the same kernel with different tiles.
 
 Design:
-  - Prepared weight: per 64-row slab and 128 values of K, one 5120-byte chunk -- 4096 bytes of
+  - Prepared weight: per 64-row slab and 64 values of K, one 2560-byte chunk -- 2048 bytes of
     codes in the order the MMA warpgroup's threads read them (thread t's 16 bytes at 16 t, one
-    32-bit word per k-block of 16, two halves of 4 k-blocks each) and 1024 bytes of the slab's
-    block scales as bf16 times 2^118 (exact for every e4m3 value, NaN included; two halves of
-    16 bytes per 4-thread row group: the scales of its rows g and g + 8 for 4 k-blocks each).
-    The scales take twice their e4m3 bytes (11% more bytes in all) so that a k-block's two
-    scale registers are two byte permutes instead of ~10 conversions: the kernel is bound by
-    its instruction stream, not by memory. The chunk is one 20 x 256-byte TMA box of a 2-D
-    uint8 tensor (slab lines x K), so the producer warp's A loads are the GEMM's, with its box.
+    32-bit word per k-block of 16) and 512 bytes of the slab's block scales as bf16 times 2^118
+    (exact for every e4m3 value, NaN included; 16 bytes per 4-thread row group: the scales of
+    its rows g and g + 8 for the 4 k-blocks). The scales take twice their e4m3 bytes (11% more
+    bytes in all) so that a k-block's two scale registers are two byte permutes instead of ~10
+    conversions: the kernel is bound by its instruction stream, not by memory. A 2-D uint8
+    tensor holds the chunks as lines of 256 bytes, a slab's 20 lines per 128 values of K (two
+    chunks, one after the other) side by side along K. A k-tile of 128 values (8 k-blocks) is
+    one 20 x 256-byte TMA box per slab of that tensor; a k-tile of one chunk (4 k-blocks) reads
+    the same memory through a 5-D view (line, slab) x (byte, (chunk of the pair, pair)), so
+    both are the GEMM's own producer loads, each with its box.
   - A word of a k-block holds the 8 codes of one thread's wgmma A fragment (rows g and g + 8,
     columns 2c, 2c + 1 and 2c + 8, 2c + 9 of the k-block: lane = 4g + c), nibble i the even
     column and nibble i + 4 the odd one of fragment register i. Decoding it is the skinny
@@ -24,12 +27,19 @@ Design:
     then one ``mul.bf16x2`` by its row's block scale times 2^118 (its bf16 pair, twice, by one
     byte permute): code * scale * 2^-8, exact.
     The epilogue multiplies by 2^8 and the global scale (``alpha``).
-  - The MMA warpgroups read a stage's codes and scales with four 16-byte shared loads per
-    thread and decode its 8 k-blocks into registers of their own while the previous k-tile's
-    wgmmas run; then they wait for those (they read the A fragment), release their stage, move
-    the decoded values into the A fragment (after the wait: a fragment register rewritten while
-    a wgmma reads it would be corrupted) and issue 8 register-sourced wgmmas against x's
-    swizzled stage (B from shared memory, as the GEMM's).
+  - 8 k-blocks per k-tile (64-row tiles, few tokens): the MMA warpgroups read a stage's codes
+    and scales with four 16-byte shared loads per thread and decode its 8 k-blocks into
+    registers of their own while the previous k-tile's wgmmas run; then they wait for those
+    (they read the A fragment), release their stage, move the decoded values into the A
+    fragment (after the wait: a fragment register rewritten while a wgmma reads it would be
+    corrupted) and issue 8 register-sourced wgmmas against x's swizzled stage (B from shared
+    memory, as the GEMM's).
+  - 4 k-blocks per k-tile (128-row tiles, many tokens: a stage of 37 KB instead of 74 at
+    128 x 256, five stages instead of two): one wgmma group per k-block, k-block b + 1 decoded
+    into its fragment slot while b and b - 1 run, a wait for all but the last two groups after
+    each issue, the next k-tile's first k-block decoded under the current one's last, a stage
+    released one k-block into the next k-tile; no drain between k-tiles. Clusters of two tiles
+    along M share x's k-tiles by TMA multicast.
   - One warpgroup's decode is bound by its own instruction stream (one warp per scheduler), so
     narrow tiles give each SM more of them: two CTAs per SM (``ctas_per_sm``) where there are
     more tiles than SMs, else ``split_k``: two or three MMA warpgroups on one 64-row tile, each
@@ -43,8 +53,9 @@ Constraints:
   - x bf16 (M, K) and out (M, N) with unit last strides, K and N multiples of 8 (16-byte rows
     for TMA); the weight prepared by ``prepare_weight`` (N and K padded to 64 rows and 128
     values with zero codes and scales)
-  - tile M 64 or 128 (one or two MMA warpgroups of 64 rows), tile N 16 .. 256, 8 k-blocks per
-    stage (one chunk), clusters of 1, 2 or 4 along M, no ping-pong, no fp8 options
+  - tile M 64 or 128 (one or two MMA warpgroups of 64 rows), tile N 16 .. 256, 4 or 8
+    k-blocks per k-tile (one or two chunks), clusters of 1, 2 or 4 along M, no ping-pong, no
+    fp8 options
   - ``split_k`` (``warpgroups`` 2 or 3 on a 64-row tile): tile N <= 64, one CTA per SM, no
     stream-K
 """
@@ -64,11 +75,14 @@ from ..primitives.named_barriers import GemmBarrier
 from .nvfp4_skinny_sm90 import decode_ptx
 
 CHUNK_ROWS = 64  # weight rows per chunk: one MMA warpgroup's M
-CHUNK_K = 128  # values of K per chunk: 8 k-blocks of 16
-CODE_BYTES = CHUNK_ROWS * CHUNK_K // 2  # 4096
-SCALE_BYTES = CHUNK_ROWS * CHUNK_K // 16 * 2  # 1024: bf16 scales
-LINE = 256  # bytes per line of the TMA box
-CHUNK_LINES = (CODE_BYTES + SCALE_BYTES) // LINE  # 20
+CHUNK_K = 64  # values of K per chunk: 4 k-blocks of 16
+K_ALIGN = 128  # K is padded to whole 128-value k-tiles (two chunks)
+CODE_BYTES = CHUNK_ROWS * CHUNK_K // 2  # 2048
+SCALE_BYTES = CHUNK_ROWS * CHUNK_K // 16 * 2  # 512: bf16 scales
+LINE = 256  # bytes per line of a chunk
+CHUNK_LINES = (CODE_BYTES + SCALE_BYTES) // LINE  # 10
+CHUNK_BYTES = CHUNK_LINES * LINE  # 2560
+K_BLOCKS = (4, 8)  # k-blocks of 16 per k-tile: one or two chunks
 SCALE_FACTOR = 2.0 ** 118  # the prepared scales' factor (the decoded codes carry 2^-126)
 DECODE_EXPONENT = 8  # the decoded values are code * scale * 2^-8
 # ``split_k`` over 2 / 3 MMA warpgroups: (producer, MMA warpgroup) registers (setmaxnreg). The
@@ -87,42 +101,43 @@ def prepare_weight(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     K to 128 values with zeros)."""
     n, half_k = codes.shape
     k = half_k * 2
-    slabs, tiles = -(-n // CHUNK_ROWS), -(-k // CHUNK_K)
-    c = torch.zeros(slabs * CHUNK_ROWS, tiles * CHUNK_K // 2, dtype=torch.uint8, device=codes.device)
+    slabs, chunks = -(-n // CHUNK_ROWS), -(-k // K_ALIGN) * (K_ALIGN // CHUNK_K)
+    c = torch.zeros(slabs * CHUNK_ROWS, chunks * CHUNK_K // 2, dtype=torch.uint8, device=codes.device)
     c[:n, :half_k] = codes
-    s = torch.zeros(slabs * CHUNK_ROWS, tiles * CHUNK_K // 16, dtype=torch.uint8, device=codes.device)
+    s = torch.zeros(slabs * CHUNK_ROWS, chunks * CHUNK_K // 16, dtype=torch.uint8, device=codes.device)
     s[:n, :k // 16] = scales
-    # Rows 16 w + 8 h + g of a slab, bytes 8 kb + 4 q + c of a chunk's 64 per row.
-    v = c.view(slabs, 4, 2, 8, tiles, 8, 2, 4).permute(0, 4, 5, 1, 3, 7, 6, 2)
-    v = v.reshape(slabs, tiles, 8, 4, 8, 4, 4).to(torch.int32)  # ..., kb, w, g, c, i = h + 2 q
+    # Rows 16 w + 8 h + g of a slab, bytes 8 kb + 4 q + c of a chunk's 32 per row.
+    v = c.view(slabs, 4, 2, 8, chunks, 4, 2, 4).permute(0, 4, 5, 1, 3, 7, 6, 2)
+    v = v.reshape(slabs, chunks, 4, 4, 8, 4, 4).to(torch.int32)  # ..., kb, w, g, c, i = h + 2 q
     shifts = torch.arange(4, device=codes.device, dtype=torch.int32) * 4
     words = (((v & 15) << shifts) | ((v >> 4) << (shifts + 16))).sum(-1, dtype=torch.int32)
-    # (slab, tile, half, w, g, c, kb % 4): thread 32 w + 4 g + c's 16 bytes per half.
-    words = words.view(slabs, tiles, 2, 4, 4, 8, 4).permute(0, 1, 2, 4, 5, 6, 3).contiguous()
-    code_bytes = words.view(torch.uint8).reshape(slabs, tiles, CODE_BYTES)
+    # (slab, chunk, w, g, c, kb): thread 32 w + 4 g + c's 16 bytes.
+    words = words.permute(0, 1, 3, 4, 5, 2).contiguous()
+    code_bytes = words.view(torch.uint8).reshape(slabs, chunks, CODE_BYTES)
     wide = (s.view(torch.float8_e4m3fn).float() * SCALE_FACTOR).to(torch.bfloat16).view(torch.uint16)
-    # (slab, tile, half, w, g, kb % 4, h): a row group's 4 k-blocks of a half in 16 bytes
-    sv = wide.view(slabs, 4, 2, 8, tiles, 2, 4).permute(0, 4, 5, 1, 3, 6, 2)
-    scale_bytes = sv.contiguous().view(torch.uint8).reshape(slabs, tiles, SCALE_BYTES)
-    chunks = torch.cat((code_bytes, scale_bytes), dim=2).view(slabs, tiles, CHUNK_LINES, LINE)
-    return chunks.permute(0, 2, 1, 3).reshape(slabs * CHUNK_LINES, tiles * LINE).contiguous()
+    # (slab, chunk, w, g, kb, h): a row group's 4 k-blocks in 16 bytes
+    sv = wide.view(slabs, 4, 2, 8, chunks, 4).permute(0, 4, 1, 3, 5, 2)
+    scale_bytes = sv.contiguous().view(torch.uint8).reshape(slabs, chunks, SCALE_BYTES)
+    lines = torch.cat((code_bytes, scale_bytes), dim=2).view(slabs, chunks // 2, 2 * CHUNK_LINES, LINE)
+    return lines.permute(0, 2, 1, 3).reshape(slabs * 2 * CHUNK_LINES, chunks // 2 * LINE).contiguous()
 
 
 def unprepare_weight(data: torch.Tensor, n: int, k: int) -> tuple:
     """The inverse of ``prepare_weight``: (codes (N, K / 2), scales (N, K / 16)), uint8 (a NaN
     scale comes back as 0x7F)."""
-    slabs, tiles = data.shape[0] // CHUNK_LINES, data.shape[1] // LINE
-    chunks = data.view(slabs, CHUNK_LINES, tiles, LINE).permute(0, 2, 1, 3).reshape(slabs, tiles, -1)
-    words = chunks[..., :CODE_BYTES].contiguous().view(torch.int32).view(slabs, tiles, 2, 4, 8, 4, 4)
-    words = words.permute(0, 1, 2, 6, 3, 4, 5).reshape(slabs, tiles, 8, 4, 8, 4)  # kb, w, g, c
+    slabs, pairs = data.shape[0] // (2 * CHUNK_LINES), data.shape[1] // LINE
+    chunks = 2 * pairs
+    lines = data.view(slabs, 2 * CHUNK_LINES, pairs, LINE).permute(0, 2, 1, 3).reshape(slabs, chunks, -1)
+    words = lines[..., :CODE_BYTES].contiguous().view(torch.int32).view(slabs, chunks, 4, 8, 4, 4)
+    words = words.permute(0, 1, 5, 2, 3, 4)  # slab, chunk, kb, w, g, c
     shifts = torch.arange(4, device=data.device, dtype=torch.int32) * 4
     lo = (words.unsqueeze(-1) >> shifts) & 15
     hi = (words.unsqueeze(-1) >> (shifts + 16)) & 15
-    v = (lo | (hi << 4)).to(torch.uint8)  # slab, tile, kb, w, g, c, i = h + 2 q
-    v = v.view(slabs, tiles, 8, 4, 8, 4, 2, 2).permute(0, 3, 7, 4, 1, 2, 6, 5)
-    codes = v.reshape(slabs * CHUNK_ROWS, tiles * CHUNK_K // 2)
-    wide = chunks[..., CODE_BYTES:].contiguous().view(torch.bfloat16).view(slabs, tiles, 2, 4, 8, 4, 2)
-    sv = wide.permute(0, 3, 6, 4, 1, 2, 5).reshape(slabs * CHUNK_ROWS, tiles * CHUNK_K // 16)
+    v = (lo | (hi << 4)).to(torch.uint8)  # slab, chunk, kb, w, g, c, i = h + 2 q
+    v = v.view(slabs, chunks, 4, 4, 8, 4, 2, 2).permute(0, 3, 7, 4, 1, 2, 6, 5)
+    codes = v.reshape(slabs * CHUNK_ROWS, chunks * CHUNK_K // 2)
+    wide = lines[..., CODE_BYTES:].contiguous().view(torch.bfloat16).view(slabs, chunks, 4, 8, 4, 2)
+    sv = wide.permute(0, 2, 5, 3, 1, 4).reshape(slabs * CHUNK_ROWS, chunks * CHUNK_K // 16)
     scales = (sv.float() / SCALE_FACTOR).to(torch.float8_e4m3fn).view(torch.uint8)
     return codes[:n, :k // 2].contiguous(), scales[:n, :k // 16].contiguous()
 
@@ -187,7 +202,7 @@ class W4A16GemmSm90(GemmSm90):
     a_source = cute.nvgpu.warpgroup.OperandSource.RMEM
 
     def __init__(self, config: GemmConfig):
-        if (config.tile_m not in (64, 128) or config.k_blocks != CHUNK_K // 16 or config.pingpong
+        if (config.tile_m not in (64, 128) or config.k_blocks not in K_BLOCKS or config.pingpong
                 or config.swap_ab or config.pad_k or config.cluster_n != 1
                 or config.cluster_m not in (1, 2, 4)
                 or config.fp8_promote_every or config.epilogue_mma
@@ -197,13 +212,16 @@ class W4A16GemmSm90(GemmSm90):
                     config.tile_m != 64 or config.tile_n > 64 or config.stream_k
                     or config.ctas_per_sm != 1)):
             raise ValueError(f"unsupported W4A16 configuration {config}: tile M 64 / 128, "
-                             f"{CHUNK_K // 16} k-blocks, clusters of 1, 2 or 4 along M, no "
+                             f"{' or '.join(map(str, K_BLOCKS))} k-blocks, clusters of 1, 2 or "
+                             f"4 along M, no "
                              f"ping-pong, swap, pad_k or fp8 options; a scalar scale for A, at "
                              f"most a bias; 2 or 3 warpgroups only on 64 x <= 64 tiles (split K)")
         # split_k (module docstring): the GEMM is built for one warpgroup per 64-row tile, then
         # given the others.
         self.split_k = config.warpgroups
         super().__init__(dataclasses.replace(config, warpgroups=0) if self.split_k else config)
+        # one chunk per k-tile: per-k-block decode and wgmma groups (``interleaved_k_tiles``)
+        self.interleave = config.k_blocks * 16 == CHUNK_K and not self.split_k
         if self.split_k:
             self.config, self.num_mma_wg, self.threads = config, self.split_k, config.threads
             self.producer_registers, self.mma_registers = SPLIT_REGISTERS[self.split_k]
@@ -213,15 +231,29 @@ class W4A16GemmSm90(GemmSm90):
                  mSrcA, mSrcB, alpha: Float32, beta: Float32, token: cutlass.Int64, stream):
         """``GemmSm90``'s launch with x (M, K) and out (M, N) in their own order: their
         transposes, the GEMM's B and D, are made here (no views to make per call)."""
-        GemmSm90.__call__(self, mA, _transposed(mX), _transposed(mOut), mC, mBias, mScaleA,
+        GemmSm90.__call__(self, self.chunk_view(mA), _transposed(mX), _transposed(mOut), mC, mBias, mScaleA,
                           mScaleB, mZeroA, mSumB, mWork, mFlags, mSrcA, mSrcB, alpha, beta, token,
                           stream)
+
+    def chunk_view(self, data: cute.Tensor) -> cute.Tensor:
+        """The prepared weight as the GEMM's A: its (rows, bytes) as they are for k-tiles of two
+        chunks; for one chunk per k-tile, lines (line, slab) by bytes (byte, (chunk of the pair,
+        pair)), so that a k-tile's box holds one chunk of each slab."""
+        if const_expr(self.config.k_blocks * 16 == CHUNK_K):
+            stride = data.stride[0]
+            pair_lines = 2 * CHUNK_LINES
+            layout = cute.make_layout(
+                ((CHUNK_LINES, data.shape[0] // pair_lines), (LINE, (2, data.shape[1] // LINE))),
+                stride=((stride, pair_lines * stride), (1, (CHUNK_LINES * stride, LINE))))
+            data = cute.make_tensor(data.iterator, layout)
+        return data
 
     def mma_a_dtype(self, a, b):
         return b.element_type  # the decoded weight: x's dtype
 
     def a_stage_tiler(self):
-        return (CHUNK_LINES * (self.config.tile_m // CHUNK_ROWS), LINE)
+        """(lines, bytes): the k-tile's chunks of each of the tile's slabs, slab after slab."""
+        return (CHUNK_LINES * self.config.k_blocks * 16 // CHUNK_K * (self.config.tile_m // CHUNK_ROWS), LINE)
 
     def a_stage_layout(self):
         lines = self.a_tiler[0]
@@ -235,7 +267,8 @@ class W4A16GemmSm90(GemmSm90):
         frag = tiled_mma.make_fragment_A(
             tiled_mma.get_slice(0).partition_shape_A((CHUNK_ROWS, self.tile_mnk[2])))
         block = 0 if const_expr(self.split_k) else row_block  # split K: one slab for all
-        chunk = Int32((sA.iterator + cute.crd2idx((block * CHUNK_LINES, 0, 0), sA.layout)).toint())
+        slab_lines = const_expr(self.a_tiler[0] // (self.config.tile_m // CHUNK_ROWS))
+        chunk = Int32((sA.iterator + cute.crd2idx((block * slab_lines, 0, 0), sA.layout)).toint())
         partial = None
         if const_expr(self.split_k):
             wg1_buffers = self.config.epi_stages * self.epi_tile[0] * self.epi_tile[1]  # elements
@@ -243,6 +276,7 @@ class W4A16GemmSm90(GemmSm90):
                 raise ValueError(f"split K: warpgroup 1's epilogue buffers cannot hold its "
                                  f"partial sum: {self.config}")
             partial = Int32(sD.iterator.toint()) + wg1_buffers * (self.d_dtype.width // 8) + tidx * 4
+        # Thread t's codes at byte 16 t of a chunk, its row group's scales at CODE_BYTES + 16 (t / 4).
         return frag, chunk + tidx * 16, chunk + CODE_BYTES + (tidx // 4) * 16, partial
 
     @cute.jit
@@ -257,6 +291,9 @@ class W4A16GemmSm90(GemmSm90):
         if const_expr(self.split_k):
             read, release = self.split_k_tiles(tiled_mma, acc, frag, codes, scales, partial,
                                                tCrB, mainloop, read, k_first, k_end)
+        elif const_expr(self.interleave):
+            read, release = self.interleaved_k_tiles(tiled_mma, acc, frag, codes, scales, tCrB,
+                                                     mainloop, read, release, k_first, k_end)
         else:
             for k in range(k_first, k_end):
                 self.k_tile(tiled_mma, acc, frag, codes, scales, tCrB, mainloop, read, release,
@@ -269,6 +306,64 @@ class W4A16GemmSm90(GemmSm90):
                 mainloop.consumer_release(release)
                 release.advance()
         return tiled_mma, read, release
+
+    @cute.jit
+    def interleaved_k_tiles(self, tiled_mma, acc, frag, codes, scales, tCrB, mainloop, read,
+                            release, k_first, k_end):
+        """One chunk per k-tile, one wgmma group per k-block: k-block b + 1 decoded into its
+        fragment slot while b and b - 1 run (the next k-tile's block 0 under the last block),
+        a wait after every issue for all but the last two groups; a stage released at block 1
+        of the next k-tile (its groups are retired by then). Returns (read, release) advanced."""
+        regs = cute.recast_tensor(frag, Int32)
+        words = cute.make_rmem_tensor((4,), Int32)
+        pairs = cute.make_rmem_tensor((4,), Int32)
+        stage_bytes = const_expr(self.a_tiler[0] * LINE)
+        tiles = k_end - k_first
+        if tiles > 0:
+            mainloop.consumer_wait(read)
+            self.load_chunk(words, pairs, codes, scales, read.index * stage_bytes)
+            self.decode_block(regs, words, pairs, 0)
+        for k in range(tiles):
+            stage = read.index
+            read.advance()
+            for b in cutlass.range_constexpr(4):
+                if const_expr(b < 3):
+                    self.decode_block(regs, words, pairs, b + 1)
+                else:
+                    if k + 1 < tiles:
+                        mainloop.consumer_wait(read)
+                        self.load_chunk(words, pairs, codes, scales, read.index * stage_bytes)
+                        self.decode_block(regs, words, pairs, 0)
+                cute.nvgpu.warpgroup.fence()
+                cute.gemm(tiled_mma, acc, frag[(None, None, b)], tCrB[(None, None, b, stage)], acc)
+                cute.nvgpu.warpgroup.commit_group()
+                cute.nvgpu.warpgroup.wait_group(2)
+                if const_expr(b == 1):
+                    if k > 0:
+                        mainloop.consumer_release(release)
+                        release.advance()
+        cute.nvgpu.warpgroup.wait_group(0)
+        if tiles > 0:
+            mainloop.consumer_release(release)
+            release.advance()
+        return read, release
+
+    @cute.jit
+    def load_chunk(self, words, pairs, codes, scales, offset):
+        """This thread's code words and scale pairs of one chunk (k-tile) of a stage."""
+        w = load_shared_v4(codes + offset)
+        p = load_shared_v4(scales + offset)
+        for j in cutlass.range_constexpr(4):
+            words[j] = w[j]
+            pairs[j] = p[j]
+
+    @cute.jit
+    def decode_block(self, regs, words, pairs, b: cutlass.Constexpr):
+        """k-block ``b``'s four A registers decoded and moved into its fragment slot (the move
+        stays where it stands in program order: after the wait that freed the slot)."""
+        r = self.a_registers(words[b], pairs[b])
+        for i in cutlass.range_constexpr(4):
+            regs[4 * b + i] = _after_wait(r[i])
 
     @cute.jit
     def split_k_tiles(self, tiled_mma, acc, frag, codes, scales, partial, tCrB, mainloop, read,
@@ -319,13 +414,11 @@ class W4A16GemmSm90(GemmSm90):
         decoded = cute.make_rmem_tensor((cute.size(regs),), Int32)
         mainloop.consumer_wait(read)
         offset = read.index * const_expr(self.a_tiler[0] * LINE)
-        low = load_shared_v4(codes + offset)
-        high = load_shared_v4(codes + offset + CODE_BYTES // 2)
-        pairs_low = load_shared_v4(scales + offset)
-        pairs_high = load_shared_v4(scales + offset + SCALE_BYTES // 2)
-        for kb in cutlass.range_constexpr(8):  # under the previous k-tile's MMAs
-            word = low[kb] if const_expr(kb < 4) else high[kb - 4]
-            r = self.a_registers(word, pairs_low[kb] if const_expr(kb < 4) else pairs_high[kb - 4])
+        chunks = const_expr(self.config.k_blocks * 16 // CHUNK_K)
+        words = [load_shared_v4(codes + offset + c * CHUNK_BYTES) for c in range(chunks)]
+        pairs = [load_shared_v4(scales + offset + c * CHUNK_BYTES) for c in range(chunks)]
+        for kb in cutlass.range_constexpr(self.config.k_blocks):  # under the previous MMAs
+            r = self.a_registers(words[kb // 4][kb % 4], pairs[kb // 4][kb % 4])
             for i in cutlass.range_constexpr(4):
                 decoded[4 * kb + i] = r[i]
         cute.nvgpu.warpgroup.wait_group(0)
@@ -337,9 +430,9 @@ class W4A16GemmSm90(GemmSm90):
 
     @cute.jit
     def issue_mmas(self, tiled_mma, acc, frag, tCrB, stage):
-        """The k-tile's 8 register-sourced wgmmas into ``acc``, committed as one group."""
+        """The k-tile's register-sourced wgmmas into ``acc``, committed as one group."""
         cute.nvgpu.warpgroup.fence()
-        for kb in cutlass.range_constexpr(8):
+        for kb in cutlass.range_constexpr(self.config.k_blocks):
             cute.gemm(tiled_mma, acc, frag[(None, None, kb)], tCrB[(None, None, kb, stage)], acc)
         cute.nvgpu.warpgroup.commit_group()
 
