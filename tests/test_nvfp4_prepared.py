@@ -105,6 +105,10 @@ def test_prepare_weight_checks_arguments_before_any_kernel():
     (16, 28672, (64, 16, 2, 0)),   # more tiles than SMs: two CTAs per SM instead
     (128, 8192, (64, 128, 1, 0)),
     (4096, 8192, (128, 256, 1, 0)),
+    (256, 8192, (128, 128, 1, 0)),  # 128 tiles of 128 tokens fill the SMs, 64 of 256 do not
+    (384, 8192, (128, 192, 1, 0)),
+    (1024, 4096, (128, 256, 1, 0)),
+    (256, 28672, (128, 256, 1, 0)),  # two waves of 256 tokens beat four of 128
 ])
 def test_w4a16_configuration_rule(m, n, expected):
     from cute_kernels.quant.nvfp4_gemm import w4a16_config

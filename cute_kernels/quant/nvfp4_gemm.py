@@ -644,11 +644,18 @@ def w4a16_config(m: int, n: int, sms: int, bias: bool):
     64 tokens three lose 4%, four warpgroups at 112 registers lose everywhere). 128-row tiles
     take k-tiles of one chunk (five stages instead of two at 128 x 256) in clusters of two (H100,
     CUDA graphs, medians of 6 rounds: 4096 x 8192^2 675 -> 740 TFLOP/s, 4096 x 28672 x 4096
-    651 -> 695, 512 x 8192^2 674 -> 750)."""
+    651 -> 695, 512 x 8192^2 674 -> 750), their token tile (256, 192 or 128) the one whose waves
+    of tiles cost least, a tile's time taken as its tokens + 32 (H100, CUDA graphs, 256 / 192 /
+    128: 256 x 8192^2 403 / 477 / 647 TFLOP/s, 384 x 8192^2 579 / 738 / 454, 1024 x 4096^2
+    764 / 468 / 582, 256 x 28672 x 4096 629 / 415 / 521: the rule's pick each time)."""
     from ..gemm.config import Epilogue, GemmConfig
 
-    tile_n = next(t for t in (16, 32, 64, 128, 256) if m <= t or t == 256)
     tile_m = 64 if m <= 128 else 128
+    if tile_m == 64:
+        tile_n = next(t for t in (16, 32, 64, 128) if m <= t)
+    else:
+        weight_tiles = -(-n // tile_m)
+        tile_n = min((256, 192, 128), key=lambda t: -(-weight_tiles * -(-m // t) // sms) * (t + 32))
     tiles = -(-n // tile_m) * -(-m // tile_n)
     narrow = tile_m == 64 and tile_n <= 64
     wide = tile_m == 128  # one chunk per k-tile (more stages), x shared by pairs of CTAs
@@ -963,8 +970,8 @@ def w4a16_configurations():
     from .nvfp4_w4a16_sm90 import W4A16GemmSm90, kernel_specs
 
     found, seen = [], set()
-    for m in (1, 32, 64, 128, 4096):
-        for n in (1024, 28672):  # few tiles (split K), many (two CTAs per SM)
+    for m in (1, 32, 64, 128, 256, 384, 4096):  # 128-row tiles: token tiles 128, 192, 256
+        for n in (1024, 8192, 28672):  # few tiles (split K), many (two CTAs per SM)
             for bias in (False, True):
                 cfg = w4a16_config(m, n, 132, bias)
                 if cfg not in seen:
