@@ -123,6 +123,30 @@ def test_w4a16_configuration_rule(m, n, expected):
     assert 128 * kernel.producer_registers + (kernel.threads - 128) * kernel.mma_registers <= kernel.threads * launch
 
 
+@pytest.mark.parametrize("m,n,k,stream_k", [
+    (32, 4096, 14336, True),    # 64 split tiles over a long K: stream-K over all SMs
+    (64, 4096, 14336, True),
+    (16, 4096, 14336, False),   # 16 tokens: the split alone
+    (32, 4096, 4096, False),    # short K
+    (48, 4096, 8192, False),
+    (32, 8192, 14336, False),   # tiles fill the SMs
+    (4096, 4096, 14336, False),
+])
+def test_w4a16_stream_k_rule(m, n, k, stream_k):
+    from cute_kernels.quant.nvfp4_gemm import _w4a16_workspace, w4a16_config
+    from cute_kernels.quant.nvfp4_w4a16_sm90 import W4A16GemmSm90
+
+    cfg = w4a16_config(m, n, 132, False, k)
+    assert cfg.stream_k == stream_k
+    if stream_k:
+        assert cfg.warpgroups in (2, 3) and cfg.max_clusters == 132
+        W4A16GemmSm90(cfg)  # a valid configuration
+        work, flags = _w4a16_workspace(cfg, "cpu")
+        # one slot per CTA: every MMA thread's accumulator (tile N / 2 values)
+        assert work.numel() == 132 * 128 * cfg.warpgroups * cfg.tile_n // 2
+        assert flags.shape == (132,) and not flags.any()
+
+
 def test_w4a16_split_beyond_three_warpgroups_is_rejected():
     import dataclasses
 

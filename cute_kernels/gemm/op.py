@@ -107,6 +107,11 @@ def _source_rows_spec(t: torch.Tensor, major: str) -> TensorSpec:
 _tokens = itertools.count(secrets.randbits(62) | 1)
 
 
+def stream_k_token() -> int:
+    """A fresh stream-K flag value for one launch (never 0)."""
+    return next(_tokens)
+
+
 def compiled_gemm(config: GemmConfig, specs: tuple):
     """``launch(a, b, d, c, bias, scale_a, scale_b, alpha, beta, zero_a=None, sum_b=None)`` for
     one configuration and argument signature (``kernel_specs``). Stream-K configurations get a fresh workspace from

@@ -18,6 +18,7 @@ import weakref
 
 import torch
 
+from ..gemm.op import stream_k_token
 from ..runtime import ScalarSpec, StreamSpec, Sym, TensorSpec, UnsupportedError, get_kernel, kernel_op
 from ..runtime.dtypes import dtype_name
 from ..runtime.errors import DTypeError, check_tensor, describe
@@ -633,7 +634,7 @@ def nvfp4_prepare_weight(w_fp4, w_scales, *, scale_layout: str = "plain") -> NVF
     return NVFP4Weight(prepare_weight(w[0], scales.reshape(n, k // BLOCK)), n, k)
 
 
-def w4a16_config(m: int, n: int, sms: int, bias: bool):
+def w4a16_config(m: int, n: int, sms: int, bias: bool, k: int = 0):
     """The tensor-core W4A16 kernel's configuration for ``m`` rows of x and ``n`` weight rows
     (direct launches in CUDA graphs on an H200, ``benchmarks/NOTES.md``): 16 .. 256 tokens per
     tile, 64 weight rows per tile up to 128 tokens (128 beyond). A 64-row tile's decode is bound
@@ -647,7 +648,12 @@ def w4a16_config(m: int, n: int, sms: int, bias: bool):
     651 -> 695, 512 x 8192^2 674 -> 750), their token tile (256, 192 or 128) the one whose waves
     of tiles cost least, a tile's time taken as its tokens + 32 (H100, CUDA graphs, 256 / 192 /
     128: 256 x 8192^2 403 / 477 / 647 TFLOP/s, 384 x 8192^2 579 / 738 / 454, 1024 x 4096^2
-    764 / 468 / 582, 256 x 28672 x 4096 629 / 415 / 521: the rule's pick each time)."""
+    764 / 468 / 582, 256 x 28672 x 4096 629 / 415 / 521: the rule's pick each time). Split
+    tiles of 32 or 64 tokens that fill at most half the SMs, over a long K (``k`` >= 12288), run
+    stream-K over all SMs (CUDA graphs, split / stream-K: 32 x 4096 x 14336 1263-1274 /
+    1405-1423 GB/s, 64 x 4096 x 14336 1002-1025 / 1221-1226); at 16 tokens, a shorter K or more
+    tiles it does not pay (16 x 4096 x 14336 1392 / 1271, 48 x 4096 x 8192 954 / 933, 16 x
+    4096^2 1053 / 722, 16 x 8192^2 1998 / 1457)."""
     from ..gemm.config import Epilogue, GemmConfig
 
     tile_m = 64 if m <= 128 else 128
@@ -659,10 +665,25 @@ def w4a16_config(m: int, n: int, sms: int, bias: bool):
     tiles = -(-n // tile_m) * -(-m // tile_n)
     narrow = tile_m == 64 and tile_n <= 64
     wide = tile_m == 128  # one chunk per k-tile (more stages), x shared by pairs of CTAs
+    split = narrow and tiles <= sms
+    stream_k = split and tile_n >= 32 and 2 * tiles <= sms and k >= 12288
     return GemmConfig(tile_m, tile_n, k_blocks=4 if wide else 8, cluster_m=2 if wide else 1,
                       ctas_per_sm=2 if narrow and tiles > sms else 1,
-                      warpgroups=(3 if tile_n <= 32 else 2) if narrow and tiles <= sms else 0,
+                      warpgroups=(3 if tile_n <= 32 else 2) if split else 0,
+                      stream_k=stream_k, max_clusters=sms if stream_k else 1 << 30,
                       epilogue=Epilogue(bias=bias, scalar_scale_a=True, alpha=True))
+
+
+def _w4a16_workspace(cfg, device) -> tuple:
+    """Stream-K (``cfg.stream_k``): the fp32 partial sums, one slot per CTA (its MMA threads'
+    accumulators), and one flag per CTA, zeroed once: a launch clears every flag it sets, so a
+    launch plan keeps them (launches of one plan are ordered on its stream). Else (None, None)."""
+    if not cfg.stream_k:
+        return None, None
+    ctas = cfg.max_clusters * cfg.cluster_m * cfg.cluster_n
+    warpgroups = cfg.warpgroups or cfg.tile_m // 64
+    work = torch.empty(ctas * warpgroups * 64 * cfg.tile_n, dtype=torch.float32, device=device)
+    return work, torch.zeros(ctas, dtype=torch.int64, device=device)
 
 
 def _w4a16_kernel(cfg):
@@ -720,10 +741,13 @@ def _w4a16_prepared_checked(x, w: NVFP4Weight, w_scales, w_global_scale, bias):
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out.reshape(*lead, n), None
-    fn = _w4a16_kernel(w4a16_config(m, n, _sms(x.device), bias is not None))
+    cfg = w4a16_config(m, n, _sms(x.device), bias is not None, k)
+    fn = _w4a16_kernel(cfg)
+    work, flags = _w4a16_workspace(cfg, x.device)
     decode = float(2 ** DECODE_EXPONENT)
     fn(w.data, rows, out, None, None if bias is None else bias.float(),
-       _alpha(w_global_scale, x.device), None, None, None, None, None, None, None, decode, 0.0, 0)
+       _alpha(w_global_scale, x.device), None, None, None, work, flags, None, None, decode, 0.0,
+       stream_k_token() if cfg.stream_k else 0)
     if rows is not x and rows.data_ptr() != x.data_ptr():
         return out.reshape(*lead, n), None  # x was copied: no plan
     constant = _alpha(w_global_scale, x.device) if isinstance(w_global_scale, (int, float)) else None
@@ -731,8 +755,8 @@ def _w4a16_prepared_checked(x, w: NVFP4Weight, w_scales, w_global_scale, bias):
     def run(x, w, g, bias):
         out = torch.empty((m, n), dtype=x.dtype, device=x.device)
         fn(w.data, x if x.dim() == 2 else x.view(m, k), out, None, None if bias is None else bias.float(),
-           constant if constant is not None else _alpha(g, x.device), None, None, None, None,
-           None, None, None, decode, 0.0, 0)
+           constant if constant is not None else _alpha(g, x.device), None, None, None, work,
+           flags, None, None, decode, 0.0, stream_k_token() if cfg.stream_k else 0)
         return out if len(lead) == 1 else out.view(*lead, n)
     return out.reshape(*lead, n), run
 
@@ -966,14 +990,15 @@ def compile_configurations(quick: bool = False):
 
 def w4a16_configurations():
     """(kernel, config, specs) of every tensor-core W4A16 configuration ``w4a16_config`` returns
-    (token tiles 16 .. 256, one or two CTAs per SM, with and without a bias)."""
+    (token tiles 16 .. 256, one or two CTAs per SM, split K with and without stream-K, with and
+    without a bias)."""
     from .nvfp4_w4a16_sm90 import W4A16GemmSm90, kernel_specs
 
     found, seen = [], set()
     for m in (1, 32, 64, 128, 256, 384, 4096):  # 128-row tiles: token tiles 128, 192, 256
         for n in (1024, 8192, 28672):  # few tiles (split K), many (two CTAs per SM)
             for bias in (False, True):
-                cfg = w4a16_config(m, n, 132, bias)
+                cfg = w4a16_config(m, n, 132, bias, 14336)
                 if cfg not in seen:
                     seen.add(cfg)
                     found.append((W4A16GemmSm90, cfg, kernel_specs(cfg, bias)))

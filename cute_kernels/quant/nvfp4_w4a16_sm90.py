@@ -56,8 +56,9 @@ Constraints:
   - tile M 64 or 128 (one or two MMA warpgroups of 64 rows), tile N 16 .. 256, 4 or 8
     k-blocks per k-tile (one or two chunks), clusters of 1, 2 or 4 along M, no ping-pong, no
     fp8 options
-  - ``split_k`` (``warpgroups`` 2 or 3 on a 64-row tile): tile N <= 64, one CTA per SM, no
-    stream-K
+  - ``split_k`` (``warpgroups`` 2 or 3 on a 64-row tile): tile N <= 64, one CTA per SM; with
+    stream-K every MMA warpgroup's accumulator takes a workspace slot (warpgroup 0's holds the
+    CTA's sum), so a CTA's slot is ``warpgroups * 64 * tile N`` fp32 values
 """
 
 from __future__ import annotations
@@ -209,8 +210,7 @@ class W4A16GemmSm90(GemmSm90):
                 or not config.epilogue.scalar_scale_a or config.epilogue.row_scale
                 or config.epilogue.col_scale or config.epilogue.residual
                 or config.warpgroups not in (0, *SPLIT_REGISTERS) or config.warpgroups and (
-                    config.tile_m != 64 or config.tile_n > 64 or config.stream_k
-                    or config.ctas_per_sm != 1)):
+                    config.tile_m != 64 or config.tile_n > 64 or config.ctas_per_sm != 1)):
             raise ValueError(f"unsupported W4A16 configuration {config}: tile M 64 / 128, "
                              f"{' or '.join(map(str, K_BLOCKS))} k-blocks, clusters of 1, 2 or "
                              f"4 along M, no "
