@@ -68,7 +68,8 @@ def test_kernel_fragments_decode_to_the_reference():
     ref = nvfp4_dequantize_ref(codes, scales, torch.tensor(1.0)).double().numpy()
     data = prepare_weight(codes, scales.view(torch.uint8)).numpy()
     # a k-tile's 20 lines of 256 bytes: its first 64 values' chunk (10 lines), then the next one's
-    chunks = data.reshape(1, 2 * CHUNK_LINES, -1, LINE).transpose(0, 2, 1, 3).reshape(1, -1, CHUNK_LINES * LINE)
+    chunks = data.reshape(1, 2 * CHUNK_LINES, -1, LINE).transpose(0, 2, 1, 3)
+    chunks = chunks.reshape(1, -1, CHUNK_LINES * LINE)
     got = np.full((n, k), np.nan)
     for index in range(chunks.shape[1]):
         chunk = chunks[0, index]

@@ -103,9 +103,10 @@ def prepare_weight(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     n, half_k = codes.shape
     k = half_k * 2
     slabs, chunks = -(-n // CHUNK_ROWS), -(-k // K_ALIGN) * (K_ALIGN // CHUNK_K)
-    c = torch.zeros(slabs * CHUNK_ROWS, chunks * CHUNK_K // 2, dtype=torch.uint8, device=codes.device)
+    device = codes.device
+    c = torch.zeros(slabs * CHUNK_ROWS, chunks * CHUNK_K // 2, dtype=torch.uint8, device=device)
     c[:n, :half_k] = codes
-    s = torch.zeros(slabs * CHUNK_ROWS, chunks * CHUNK_K // 16, dtype=torch.uint8, device=codes.device)
+    s = torch.zeros(slabs * CHUNK_ROWS, chunks * CHUNK_K // 16, dtype=torch.uint8, device=device)
     s[:n, :k // 16] = scales
     # Rows 16 w + 8 h + g of a slab, bytes 8 kb + 4 q + c of a chunk's 32 per row.
     v = c.view(slabs, 4, 2, 8, chunks, 4, 2, 4).permute(0, 4, 5, 1, 3, 7, 6, 2)
@@ -119,8 +120,9 @@ def prepare_weight(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     # (slab, chunk, w, g, kb, h): a row group's 4 k-blocks in 16 bytes
     sv = wide.view(slabs, 4, 2, 8, chunks, 4).permute(0, 4, 1, 3, 5, 2)
     scale_bytes = sv.contiguous().view(torch.uint8).reshape(slabs, chunks, SCALE_BYTES)
-    lines = torch.cat((code_bytes, scale_bytes), dim=2).view(slabs, chunks // 2, 2 * CHUNK_LINES, LINE)
-    return lines.permute(0, 2, 1, 3).reshape(slabs * 2 * CHUNK_LINES, chunks // 2 * LINE).contiguous()
+    pairs = chunks // 2  # a slab's 20 lines per 128 values of K: a pair of chunks
+    lines = torch.cat((code_bytes, scale_bytes), dim=2).view(slabs, pairs, 2 * CHUNK_LINES, LINE)
+    return lines.permute(0, 2, 1, 3).reshape(slabs * 2 * CHUNK_LINES, pairs * LINE).contiguous()
 
 
 def unprepare_weight(data: torch.Tensor, n: int, k: int) -> tuple:
@@ -128,7 +130,8 @@ def unprepare_weight(data: torch.Tensor, n: int, k: int) -> tuple:
     scale comes back as 0x7F)."""
     slabs, pairs = data.shape[0] // (2 * CHUNK_LINES), data.shape[1] // LINE
     chunks = 2 * pairs
-    lines = data.view(slabs, 2 * CHUNK_LINES, pairs, LINE).permute(0, 2, 1, 3).reshape(slabs, chunks, -1)
+    lines = data.view(slabs, 2 * CHUNK_LINES, pairs, LINE).permute(0, 2, 1, 3)
+    lines = lines.reshape(slabs, chunks, -1)
     words = lines[..., :CODE_BYTES].contiguous().view(torch.int32).view(slabs, chunks, 4, 8, 4, 4)
     words = words.permute(0, 1, 5, 2, 3, 4)  # slab, chunk, kb, w, g, c
     shifts = torch.arange(4, device=data.device, dtype=torch.int32) * 4
@@ -231,9 +234,9 @@ class W4A16GemmSm90(GemmSm90):
                  mSrcA, mSrcB, alpha: Float32, beta: Float32, token: cutlass.Int64, stream):
         """``GemmSm90``'s launch with x (M, K) and out (M, N) in their own order: their
         transposes, the GEMM's B and D, are made here (no views to make per call)."""
-        GemmSm90.__call__(self, self.chunk_view(mA), _transposed(mX), _transposed(mOut), mC, mBias, mScaleA,
-                          mScaleB, mZeroA, mSumB, mWork, mFlags, mSrcA, mSrcB, alpha, beta, token,
-                          stream)
+        GemmSm90.__call__(self, self.chunk_view(mA), _transposed(mX), _transposed(mOut), mC,
+                          mBias, mScaleA, mScaleB, mZeroA, mSumB, mWork, mFlags, mSrcA, mSrcB,
+                          alpha, beta, token, stream)
 
     def chunk_view(self, data: cute.Tensor) -> cute.Tensor:
         """The prepared weight as the GEMM's A: its (rows, bytes) as they are for k-tiles of two
@@ -253,7 +256,8 @@ class W4A16GemmSm90(GemmSm90):
 
     def a_stage_tiler(self):
         """(lines, bytes): the k-tile's chunks of each of the tile's slabs, slab after slab."""
-        return (CHUNK_LINES * self.config.k_blocks * 16 // CHUNK_K * (self.config.tile_m // CHUNK_ROWS), LINE)
+        chunks = self.config.k_blocks * 16 // CHUNK_K
+        return (CHUNK_LINES * chunks * (self.config.tile_m // CHUNK_ROWS), LINE)
 
     def a_stage_layout(self):
         lines = self.a_tiler[0]
@@ -276,7 +280,7 @@ class W4A16GemmSm90(GemmSm90):
                 raise ValueError(f"split K: warpgroup 1's epilogue buffers cannot hold its "
                                  f"partial sum: {self.config}")
             partial = Int32(sD.iterator.toint()) + wg1_buffers * (self.d_dtype.width // 8) + tidx * 4
-        # Thread t's codes at byte 16 t of a chunk, its row group's scales at CODE_BYTES + 16 (t / 4).
+        # Thread t's codes at byte 16 t of a chunk, its row group's scales at CODE_BYTES + 16 t / 4
         return frag, chunk + tidx * 16, chunk + CODE_BYTES + (tidx // 4) * 16, partial
 
     @cute.jit
