@@ -623,6 +623,59 @@ def test_cpu_tensors_are_refused():
         ck.flash_attn(q, q, q)
 
 
+# flash_attn.flash_attn_interface's parameters, in order (FlashAttention 2.6 - 2.8)
+FA_FUNC = ["q", "k", "v", "dropout_p", "softmax_scale", "causal", "window_size", "softcap",
+           "alibi_slopes", "deterministic", "return_attn_probs"]
+FA_VARLEN_FUNC = FA_FUNC[:3] + ["cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"] \
+    + FA_FUNC[3:] + ["block_table"]
+
+
+@pytest.mark.parametrize("ours, theirs", [(ck.flash_attn, FA_FUNC),
+                                          (ck.flash_attn_varlen, FA_VARLEN_FUNC)])
+def test_arguments_follow_flash_attn_func_in_order(ours, theirs):
+    import inspect
+
+    params = inspect.signature(ours).parameters.values()
+    positional = [p.name for p in params if p.kind == p.POSITIONAL_OR_KEYWORD]
+    assert positional == theirs
+    assert [p.name for p in params if p.kind == p.KEYWORD_ONLY] == ["return_lse"]
+
+
+def test_unsupported_return_and_cache_options_are_refused_first():
+    q = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ck.UnsupportedError, match="return_attn_probs"):
+        ck.flash_attn(q, q, q, return_lse=True, return_attn_probs=True)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    with pytest.raises(ck.UnsupportedError, match="block_table"):
+        ck.flash_attn_varlen(q[0], q[0], q[0], cu, cu, 8, 8, block_table=torch.zeros(1, 1))
+
+
+@gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_positional_arguments_and_return_attn_probs(causal):
+    q, k, v = qkv(2, 77, 100, 4, 2, 64)
+    scale = 0.3
+    out, lse = ck.flash_attn(q, k, v, softmax_scale=scale, causal=causal, window_size=(40, 7),
+                             return_lse=True)
+    for _ in range(2):  # the second call takes the launch plan the first one made
+        got = ck.flash_attn(q, k, v, 0.0, scale, causal, (40, 7), 0.0, None, False, True)
+        assert len(got) == 3 and got[2] is None
+        assert torch.equal(got[0], out) and torch.equal(got[1], lse)
+    leaf = q.detach().requires_grad_()
+    got = ck.flash_attn(leaf, k, v, 0.0, scale, causal, (40, 7), 0.0, None, True, True)
+    assert torch.equal(got[0].detach(), out) and torch.equal(got[1], lse)
+    got[0].float().sum().backward()
+    assert leaf.grad is not None and torch.isfinite(leaf.grad).all()
+    flat_q, flat_k, flat_v = (t.reshape(-1, *t.shape[2:]) for t in qkv(1, 64, 64, 4, 2, 64))
+    cu = torch.tensor([0, 20, 64], device="cuda", dtype=torch.int32)
+    out, lse = ck.flash_attn_varlen(flat_q, flat_k, flat_v, cu, cu, 44, 44, causal=causal,
+                                    return_lse=True)
+    got = ck.flash_attn_varlen(flat_q, flat_k, flat_v, cu, cu, 44, 44, 0.0, None, causal,
+                               (-1, -1), 0.0, None, False, True)
+    assert len(got) == 3 and got[2] is None
+    assert torch.equal(got[0], out) and torch.equal(got[1], lse)
+
+
 @gpu
 def test_self_check_rows():
     from cute_kernels.attention.op import self_checks

@@ -432,13 +432,28 @@ def _needs_grad(q, k, v) -> bool:
     return torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
 
 
-def _attend(q, k, v, fwd, bwd, return_lse):
-    """``fwd(q, k, v)``, through the autograd Function (with ``bwd``) when a gradient is needed."""
+def _returns(return_lse, return_attn_probs) -> str:
+    """What a call returns: "out", "lse" (out, lse) or "probs" (out, lse, None), FlashAttention's
+    ``return_attn_probs`` form (its third value, the dropout mask's probabilities, is None
+    without dropout)."""
+    if return_lse and return_attn_probs:
+        raise UnsupportedError("return_lse=True and return_attn_probs=True: pass one of them "
+                               "(return_attn_probs returns (out, lse, None), return_lse (out, lse))")
+    return "probs" if return_attn_probs else "lse" if return_lse else "out"
+
+
+def _result(out, lse, returns: str):
+    return out if returns == "out" else (out, lse) if returns == "lse" else (out, lse, None)
+
+
+def _attend(q, k, v, fwd, bwd, returns):
+    """``fwd(q, k, v)``, through the autograd Function (with ``bwd``) when a gradient is needed;
+    the outputs as ``returns`` says (``_returns``)."""
     if _needs_grad(q, k, v):
         out, lse = _FlashAttn.apply(q, k, v, fwd, bwd)
     else:
         out, lse = fwd(q, k, v)
-    return (out, lse) if return_lse else out
+    return _result(out, lse, returns)
 
 
 def _batch_backward(q, k, v, out, lse, dout, scale, causal, window_size, softcap, deterministic):
@@ -473,7 +488,7 @@ PLAN_LIMIT = 1024
 
 
 def _plan_key(q, k, v, softmax_scale, causal, window_size, softcap, dropout_p, alibi_slopes,
-              return_lse):
+              returns):
     """What a launch plan of an eager ``flash_attn`` call depends on, or None where no plan
     applies (torch.compile, arguments that are not plain tensors and numbers)."""
     if (torch.compiler.is_compiling() or not all(type(t) is torch.Tensor for t in (q, k, v))
@@ -481,10 +496,10 @@ def _plan_key(q, k, v, softmax_scale, causal, window_size, softcap, dropout_p, a
         return None
     return (q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype,
             v.dtype, q.device, k.device, v.device, softmax_scale, bool(causal), window_size,
-            softcap, bool(return_lse))
+            softcap, returns)
 
 
-def _forward_plan(q, k, v, scale, causal, window_size, softcap, return_lse):
+def _forward_plan(q, k, v, scale, causal, window_size, softcap, returns):
     """A launch plan for later calls like this one (validated; no gradient): the compiled kernel
     and its scalars, so that a call allocates its outputs and launches, without the checks and
     the custom op's dispatch. None where the call needs more than one launch (an empty
@@ -506,16 +521,18 @@ def _forward_plan(q, k, v, scale, causal, window_size, softcap, return_lse):
         out = torch.empty(out_shape, dtype=dtype, device=device)
         lse = torch.empty(lse_shape, dtype=torch.float32, device=device)
         kernel(q, k, v, out, lse, None, None, scale_log2, prescale, left, right, seqlen_q, group, ctas)
-        return (out, lse) if return_lse else out
+        return _result(out, lse, returns)
 
     return run
 
 
-def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0, *,
+def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0,
                softmax_scale: float | None = None, causal: bool = False,
                window_size: tuple = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
-               deterministic: bool = False, return_lse: bool = False):
-    """Attention of q over k, v (FlashAttention-2 on Hopper), as ``flash_attn_func``.
+               deterministic: bool = False, return_attn_probs: bool = False, *,
+               return_lse: bool = False):
+    """Attention of q over k, v (FlashAttention-2 on Hopper), as ``flash_attn_func``: the same
+    arguments in the same order (positional or by name).
 
     Args:
         q: (B, Sq, Hq, D), bf16 or fp16. k, v: (B, Sk, Hkv, D), q's dtype; Hq a multiple of
@@ -530,9 +547,13 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: flo
             between the CTAs of a head), so gradients are bit-identical from run to run; the
             forward always is. Measured cost on an H100: 11-15% of the backward at hdim 128,
             S = 4096 (less causal than full), ~0 at hdim 64 (benchmarks/NOTES.md).
-        return_lse: also return the log-sum-exp of each row's scores, fp32 (B, Hq, Sq).
+        return_attn_probs: return ``(out, lse, None)`` as ``flash_attn_func`` does without
+            dropout (its third value holds dropout's probabilities): the log-sum-exp of each
+            row's scores, fp32 (B, Hq, Sq), as the second.
+        return_lse (keyword only): return ``(out, lse)``.
 
-    Returns ``out`` (B, Sq, Hq, D) in q's dtype, or ``(out, lse)``. A row that sees no key
+    Returns ``out`` (B, Sq, Hq, D) in q's dtype, or ``(out, lse)``, or ``(out, lse, None)``.
+    The LSE is not differentiable (its gradient is taken as 0). A row that sees no key
     (an empty window, Sk = 0) gets out 0 and LSE -inf. Repeated eager calls without gradients
     with the same shapes, strides and options take a launch plan made on the first one (no
     checks or custom-op dispatch: an allocation of the outputs and one launch).
@@ -546,8 +567,9 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: flo
         are split over CTAs, at head dims 96 / 128), so gradients are bit-identical from run
         to run only with ``deterministic=True``
     """
+    returns = _returns(return_lse, return_attn_probs)
     key = _plan_key(q, k, v, softmax_scale, causal, window_size, softcap, dropout_p, alibi_slopes,
-                    return_lse)
+                    returns)
     if key is not None:
         plan = _plans.get(key)
         if plan is not None and not _needs_grad(q, k, v) and not (
@@ -560,7 +582,7 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: flo
     if key is not None and key not in _plans and not _needs_grad(q, k, v):
         if len(_plans) >= PLAN_LIMIT:  # many shapes (growing sequences): start over
             _plans.clear()
-        _plans[key] = _forward_plan(q, k, v, scale, causal, window_size, softcap, return_lse)
+        _plans[key] = _forward_plan(q, k, v, scale, causal, window_size, softcap, returns)
 
     def fwd(q, k, v):
         return _batch_forward(q, k, v, scale, causal, window_size, softcap)
@@ -569,7 +591,7 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: flo
         return _batch_backward(q, k, v, out, lse, dout, scale, causal, window_size, softcap,
                                bool(deterministic))
 
-    return _attend(q, k, v, fwd, bwd, return_lse)
+    return _attend(q, k, v, fwd, bwd, returns)
 
 
 def _check_cu_seqlens(name: str, cu: torch.Tensor, device, batch: int | None):
@@ -587,11 +609,13 @@ def _check_cu_seqlens(name: str, cu: torch.Tensor, device, batch: int | None):
 
 def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                       cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
-                      max_seqlen_k: int, dropout_p: float = 0.0, *,
+                      max_seqlen_k: int, dropout_p: float = 0.0,
                       softmax_scale: float | None = None, causal: bool = False,
                       window_size: tuple = (-1, -1), softcap: float = 0.0, alibi_slopes=None,
-                      deterministic: bool = False, return_lse: bool = False):
-    """Attention over packed sequences, as ``flash_attn_varlen_func``.
+                      deterministic: bool = False, return_attn_probs: bool = False,
+                      block_table=None, *, return_lse: bool = False):
+    """Attention over packed sequences, as ``flash_attn_varlen_func`` (the same arguments in
+    the same order; ``block_table``, a paged KV cache, only None).
 
     Args:
         q: (total_q, Hq, D); k, v: (total_k, Hkv, D): sequence b is rows
@@ -601,12 +625,17 @@ def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         The options are :func:`flash_attn`'s, applied to each sequence on its own (masks
         aligned bottom-right per sequence).
 
-    Returns ``out`` (total_q, Hq, D), or ``(out, lse)`` with lse fp32 (Hq, total_q). Rows of a
-    zero-length key sequence get out 0 and LSE -inf.
+    Returns ``out`` (total_q, Hq, D), or with ``return_lse`` ``(out, lse)``, lse fp32 (Hq,
+    total_q), or with ``return_attn_probs`` ``(out, lse, None)``. Rows of a zero-length key
+    sequence get out 0 and LSE -inf.
 
     Constraints: :func:`flash_attn`'s; the offsets are read by the kernel, never synchronized
     on, so they are not checked against the tensors' lengths.
     """
+    returns = _returns(return_lse, return_attn_probs)
+    if block_table is not None:
+        raise UnsupportedError("block_table (a paged KV cache) is not supported: pass None, with "
+                               "k and v as packed (total_k, heads, head_dim) tensors")
     _check_qkv(q, k, v, 3, "(total_tokens, heads, head_dim)")
     cu_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device, None)
     cu_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device, cu_q.shape[0] - 1)
@@ -637,4 +666,4 @@ def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        scale, local, left, right, float(softcap), bool(deterministic))
         return dq, dk, dv
 
-    return _attend(q, k, v, fwd, bwd, return_lse)
+    return _attend(q, k, v, fwd, bwd, returns)
