@@ -6,6 +6,8 @@
 
 from . import _dsl  # noqa: F401  (the DSL on sys.path before anything imports cutlass)
 from .attention.op import flash_attn, flash_attn_varlen
+from .attention.packed import (flash_attn_kvpacked, flash_attn_qkvpacked,
+                               flash_attn_varlen_kvpacked, flash_attn_varlen_qkvpacked)
 from .gemm.op import gemm, gemm_fp8
 from .losses.fused_linear_cross_entropy import FusedLinearCrossEntropyLoss, fused_linear_cross_entropy
 from .quant.int8 import Int8Linear, dequantize_int8, gemm_int8, quantize_int8
@@ -30,6 +32,10 @@ __version__ = "0.1.0"
 __all__ = [
     "flash_attn",
     "flash_attn_varlen",
+    "flash_attn_qkvpacked",
+    "flash_attn_kvpacked",
+    "flash_attn_varlen_qkvpacked",
+    "flash_attn_varlen_kvpacked",
     "gemm",
     "gemm_fp8",
     "gemm_int8",

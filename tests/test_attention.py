@@ -650,6 +650,45 @@ def test_unsupported_return_and_cache_options_are_refused_first():
         ck.flash_attn_varlen(q[0], q[0], q[0], cu, cu, 8, 8, block_table=torch.zeros(1, 1))
 
 
+def test_packed_inputs_of_the_wrong_shape_are_refused():
+    q = torch.randn(1, 8, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(ck.UnsupportedError, match=r"qkv must be \(batch, seqlen, 3"):
+        ck.flash_attn_qkvpacked(q)
+    with pytest.raises(ck.UnsupportedError, match=r"kv must be \(total_tokens_k, 2"):
+        ck.flash_attn_varlen_kvpacked(q[0], torch.randn(8, 3, 2, 64), None, None, 8, 8)
+
+
+@gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_packed_inputs_match_the_unpacked_op(causal):
+    torch.manual_seed(0)
+    b, s, h, d = 2, 130, 4, 128
+    qkv = torch.randn(b, s, 3, h, d, device="cuda", dtype=torch.bfloat16)
+    dout = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+    kw = dict(causal=causal, window_size=(64, 64), softcap=5.0)
+
+    def grads(fn, *leaves):
+        leaves = [t.detach().requires_grad_() for t in leaves]
+        out = fn(*leaves)
+        return out, torch.autograd.grad(out, leaves, dout)
+
+    q, k, v = (t.contiguous() for t in qkv.unbind(2))
+    out, (dq, dk, dv) = grads(lambda q, k, v: ck.flash_attn(q, k, v, deterministic=True, **kw), q, k, v)
+    got, (dqkv,) = grads(lambda t: ck.flash_attn_qkvpacked(t, deterministic=True, **kw), qkv)
+    assert torch.equal(got, out) and torch.equal(dqkv, torch.stack((dq, dk, dv), 2))
+    kv = qkv[:, :, 1:].contiguous()
+    got, (dq2, dkv) = grads(lambda q, kv: ck.flash_attn_kvpacked(q, kv, deterministic=True, **kw), q, kv)
+    assert torch.equal(got, out) and torch.equal(dq2, dq) and torch.equal(dkv, torch.stack((dk, dv), 2))
+    cu = torch.tensor([0, 50, 2 * s], device="cuda", dtype=torch.int32)
+    flat = qkv.flatten(0, 1)
+    q1, k1, v1 = (t.contiguous() for t in flat.unbind(1))
+    ref, lse = ck.flash_attn_varlen(q1, k1, v1, cu, cu, 2 * s - 50, 2 * s - 50, return_lse=True, **kw)
+    got, got_lse = ck.flash_attn_varlen_qkvpacked(flat, cu, 2 * s - 50, return_lse=True, **kw)
+    assert torch.equal(got, ref) and torch.equal(got_lse, lse)
+    got = ck.flash_attn_varlen_kvpacked(q1, flat[:, 1:], cu, cu, 2 * s - 50, 2 * s - 50, **kw)
+    assert torch.equal(got, ref)
+
+
 @gpu
 @pytest.mark.parametrize("causal", [False, True])
 def test_positional_arguments_and_return_attn_probs(causal):
