@@ -687,6 +687,27 @@ def test_packed_inputs_match_the_unpacked_op(causal):
     assert torch.equal(got, ref) and torch.equal(got_lse, lse)
     got = ck.flash_attn_varlen_kvpacked(q1, flat[:, 1:], cu, cu, 2 * s - 50, 2 * s - 50, **kw)
     assert torch.equal(got, ref)
+    leaf = flat.detach().requires_grad_()
+    got = ck.flash_attn_varlen_qkvpacked(leaf, cu, 2 * s - 50, deterministic=True, **kw)
+    (dflat,) = torch.autograd.grad(got, leaf, dout.flatten(0, 1))
+    leaves = [t.detach().requires_grad_() for t in (q1, k1, v1)]
+    ref = ck.flash_attn_varlen(*leaves, cu, cu, 2 * s - 50, 2 * s - 50, deterministic=True, **kw)
+    assert torch.equal(dflat, torch.stack(torch.autograd.grad(ref, leaves, dout.flatten(0, 1)), 1))
+
+
+@gpu
+def test_packed_inputs_under_torch_compile():
+    qkv = torch.randn(2, 96, 3, 4, 64, device="cuda", dtype=torch.bfloat16)
+    dout = torch.randn(2, 96, 4, 64, device="cuda", dtype=torch.bfloat16)
+
+    def step(attend):  # the forward compiled as one graph (or eager), then its backward
+        leaf = qkv.detach().requires_grad_()
+        out = attend(leaf)
+        return out, torch.autograd.grad(out, leaf, dout)[0]
+
+    attend = lambda t: ck.flash_attn_qkvpacked(t, causal=True, deterministic=True)  # noqa: E731
+    eager, compiled = step(attend), step(torch.compile(attend, fullgraph=True))
+    assert torch.equal(compiled[0], eager[0]) and torch.equal(compiled[1], eager[1])
 
 
 @gpu

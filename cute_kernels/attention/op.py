@@ -456,8 +456,15 @@ def _attend(q, k, v, fwd, bwd, returns):
     return _result(out, lse, returns)
 
 
-def _batch_backward(q, k, v, out, lse, dout, scale, causal, window_size, softcap, deterministic):
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+def _gradients(q, k, v, grads):
+    """dQ, dK, dV buffers: ``grads`` where given (views of a packed gradient), else new."""
+    return grads if grads is not None else (torch.empty_like(q), torch.empty_like(k),
+                                            torch.empty_like(v))
+
+
+def _batch_backward(q, k, v, out, lse, dout, scale, causal, window_size, softcap, deterministic,
+                    grads=None):
+    dq, dk, dv = _gradients(q, k, v, grads)
     batch, seqlen_q, heads_q, _ = q.shape
     seqlen_k = k.shape[1]
     if batch == 0 or seqlen_q == 0 or seqlen_k == 0 or heads_q == 0:
@@ -567,7 +574,14 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: flo
         are split over CTAs, at head dims 96 / 128), so gradients are bit-identical from run
         to run only with ``deterministic=True``
     """
-    returns = _returns(return_lse, return_attn_probs)
+    return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                       alibi_slopes, deterministic, _returns(return_lse, return_attn_probs), _attend)
+
+
+def _flash_attn(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                deterministic, returns, attend):
+    """:func:`flash_attn`'s body; ``attend`` runs the validated call (``_attend``, or the packed
+    forms' own, ``packed.py``)."""
     key = _plan_key(q, k, v, softmax_scale, causal, window_size, softcap, dropout_p, alibi_slopes,
                     returns)
     if key is not None:
@@ -587,11 +601,11 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: flo
     def fwd(q, k, v):
         return _batch_forward(q, k, v, scale, causal, window_size, softcap)
 
-    def bwd(q, k, v, out, lse, dout):
+    def bwd(q, k, v, out, lse, dout, grads=None):
         return _batch_backward(q, k, v, out, lse, dout, scale, causal, window_size, softcap,
-                               bool(deterministic))
+                               bool(deterministic), grads)
 
-    return _attend(q, k, v, fwd, bwd, returns)
+    return attend(q, k, v, fwd, bwd, returns)
 
 
 def _check_cu_seqlens(name: str, cu: torch.Tensor, device, batch: int | None):
@@ -632,10 +646,19 @@ def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     Constraints: :func:`flash_attn`'s; the offsets are read by the kernel, never synchronized
     on, so they are not checked against the tensors' lengths.
     """
-    returns = _returns(return_lse, return_attn_probs)
     if block_table is not None:
         raise UnsupportedError("block_table (a paged KV cache) is not supported: pass None, with "
                                "k and v as packed (total_k, heads, head_dim) tensors")
+    return _flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                              dropout_p, softmax_scale, causal, window_size, softcap,
+                              alibi_slopes, deterministic,
+                              _returns(return_lse, return_attn_probs), _attend)
+
+
+def _flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p,
+                       softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                       returns, attend):
+    """:func:`flash_attn_varlen`'s body; ``attend`` as :func:`_flash_attn`'s."""
     _check_qkv(q, k, v, 3, "(total_tokens, heads, head_dim)")
     cu_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device, None)
     cu_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device, cu_q.shape[0] - 1)
@@ -656,8 +679,8 @@ def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        max_seqlen_k, scale, local, left, right, float(softcap))
         return out, lse
 
-    def bwd(q, k, v, out, lse, dout):
-        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    def bwd(q, k, v, out, lse, dout, grads=None):
+        dq, dk, dv = _gradients(q, k, v, grads)
         if (q.shape[0] == 0 or q.shape[1] == 0 or max_seqlen_q == 0 or cu_q.shape[0] == 1
                 or k.shape[0] == 0 or max_seqlen_k == 0):
             return dq.zero_(), dk.zero_(), dv.zero_()
@@ -666,4 +689,4 @@ def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                        scale, local, left, right, float(softcap), bool(deterministic))
         return dq, dk, dv
 
-    return _attend(q, k, v, fwd, bwd, returns)
+    return attend(q, k, v, fwd, bwd, returns)

@@ -3,8 +3,9 @@
 arguments in the same order, so code written against them switches by its import.
 
 Each splits its packed tensor into views (no copy: the views' strides are multiples of the
-head dim, which the kernels read as they are) and calls the unpacked op; autograd gathers the
-gradients of the views into one gradient of the packed tensor (a copy of dQ, dK and dV into it).
+head dim, which the kernels read as they are) and runs the unpacked op's validation and
+kernels; where a gradient is needed, its own autograd Function lets the backward write dK and
+dV (and dQ) straight into the views of one packed gradient.
 
 Constraints: those of :func:`flash_attn` (head dims, dtypes, options); the packed dimension of
 size 3 (q, k, v) or 2 (k, v), as FlashAttention's.
@@ -14,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from ..runtime.errors import UnsupportedError
-from .op import flash_attn, flash_attn_varlen
+from ..runtime.errors import UnsupportedError, check_tensor
+from .op import DTYPES, _flash_attn, _flash_attn_varlen, _needs_grad, _result, _returns
 
 
 def _split(packed: torch.Tensor, name: str, dim: int, parts: int, layout: str) -> tuple:
@@ -23,6 +24,45 @@ def _split(packed: torch.Tensor, name: str, dim: int, parts: int, layout: str) -
         shape = tuple(packed.shape) if isinstance(packed, torch.Tensor) else type(packed).__name__
         raise UnsupportedError(f"{name} must be {layout}, got {shape}")
     return packed.unbind(dim)
+
+
+class _PackedAttn(torch.autograd.Function):
+    """Attention of a packed tensor (and a separate q, or None): the gradient of the packed
+    tensor allocated once, the backward writing into its views."""
+
+    @staticmethod
+    def forward(ctx, q, packed, dim, fwd, bwd):
+        parts = packed.unbind(dim)
+        out, lse = fwd(*(parts if q is None else (q, *parts)))
+        ctx.mark_non_differentiable(lse)
+        ctx.save_for_backward(q, packed, out, lse)
+        ctx.dim, ctx.bwd = dim, bwd
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, packed, out, lse = ctx.saved_tensors
+        check_tensor("grad of flash_attn's output", dout, DTYPES)
+        grad = torch.empty(packed.shape, dtype=packed.dtype, device=packed.device)
+        parts, views = packed.unbind(ctx.dim), grad.unbind(ctx.dim)
+        if q is None:
+            ctx.bwd(*parts, out, lse, dout.to(packed.dtype), grads=views)
+            return None, grad, None, None, None
+        dq = torch.empty_like(q)
+        ctx.bwd(q, *parts, out, lse, dout.to(q.dtype), grads=(dq, *views))
+        return dq, grad, None, None, None
+
+
+def _packed_attend(q, packed, dim):
+    """The ``attend`` of ``op._flash_attn`` for a packed call: the autograd Function above where
+    a gradient is needed."""
+    def attend(q_view, k, v, fwd, bwd, returns):
+        if _needs_grad(q_view, k, v):
+            out, lse = _PackedAttn.apply(q, packed, dim, fwd, bwd)
+        else:
+            out, lse = fwd(q_view, k, v)
+        return _result(out, lse, returns)
+    return attend
 
 
 def flash_attn_qkvpacked(qkv: torch.Tensor, dropout_p: float = 0.0,
@@ -33,8 +73,9 @@ def flash_attn_qkvpacked(qkv: torch.Tensor, dropout_p: float = 0.0,
     """:func:`flash_attn` of ``qkv`` (B, S, 3, H, D): q, k and v side by side (MHA), as
     ``flash_attn_qkvpacked_func``; the gradient is one (B, S, 3, H, D) tensor."""
     q, k, v = _split(qkv, "qkv", 2, 3, "(batch, seqlen, 3, heads, head_dim)")
-    return flash_attn(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                      alibi_slopes, deterministic, return_attn_probs, return_lse=return_lse)
+    return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                       alibi_slopes, deterministic, _returns(return_lse, return_attn_probs),
+                       _packed_attend(None, qkv, 2))
 
 
 def flash_attn_kvpacked(q: torch.Tensor, kv: torch.Tensor, dropout_p: float = 0.0,
@@ -45,8 +86,9 @@ def flash_attn_kvpacked(q: torch.Tensor, kv: torch.Tensor, dropout_p: float = 0.
     """:func:`flash_attn` of q (B, Sq, Hq, D) over ``kv`` (B, Sk, 2, Hkv, D), as
     ``flash_attn_kvpacked_func`` (Hq a multiple of Hkv)."""
     k, v = _split(kv, "kv", 2, 2, "(batch, seqlen_k, 2, heads_k, head_dim)")
-    return flash_attn(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
-                      alibi_slopes, deterministic, return_attn_probs, return_lse=return_lse)
+    return _flash_attn(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                       alibi_slopes, deterministic, _returns(return_lse, return_attn_probs),
+                       _packed_attend(q, kv, 2))
 
 
 def flash_attn_varlen_qkvpacked(qkv: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int,
@@ -58,9 +100,10 @@ def flash_attn_varlen_qkvpacked(qkv: torch.Tensor, cu_seqlens: torch.Tensor, max
     """:func:`flash_attn_varlen` of packed sequences ``qkv`` (total, 3, H, D) with one set of
     offsets for queries and keys, as ``flash_attn_varlen_qkvpacked_func``."""
     q, k, v = _split(qkv, "qkv", 1, 3, "(total_tokens, 3, heads, head_dim)")
-    return flash_attn_varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
-                             softmax_scale, causal, window_size, softcap, alibi_slopes,
-                             deterministic, return_attn_probs, return_lse=return_lse)
+    return _flash_attn_varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p,
+                              softmax_scale, causal, window_size, softcap, alibi_slopes,
+                              deterministic, _returns(return_lse, return_attn_probs),
+                              _packed_attend(None, qkv, 1))
 
 
 def flash_attn_varlen_kvpacked(q: torch.Tensor, kv: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -73,7 +116,7 @@ def flash_attn_varlen_kvpacked(q: torch.Tensor, kv: torch.Tensor, cu_seqlens_q: 
     """:func:`flash_attn_varlen` of q (total_q, Hq, D) over ``kv`` (total_k, 2, Hkv, D), as
     ``flash_attn_varlen_kvpacked_func``."""
     k, v = _split(kv, "kv", 1, 2, "(total_tokens_k, 2, heads_k, head_dim)")
-    return flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                             dropout_p, softmax_scale, causal, window_size, softcap,
-                             alibi_slopes, deterministic, return_attn_probs,
-                             return_lse=return_lse)
+    return _flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                              dropout_p, softmax_scale, causal, window_size, softcap,
+                              alibi_slopes, deterministic, _returns(return_lse, return_attn_probs),
+                              _packed_attend(q, kv, 1))
