@@ -184,3 +184,22 @@ def test_self_check_compiles_in_parallel_processes_and_keeps_the_order(tmp_path,
     rows = [line for line in out.splitlines() if line.startswith("softmax ")]
     assert [r.split()[2] for r in rows] == [commands.config_label(c).split()[0] for _, c, _ in two]
     assert len(list(tmp_path.rglob("*.report.json"))) == 2  # the workers kept their reports
+
+
+def test_wgmma_serialization_remarks_are_read_across_wrapped_lines():
+    # ptxas's log as the DSL hands it over: each remark wrapped over indented lines
+    log = (
+        "          ptxas info    : (C7517) wgmma.wait_group is injected in around line 1207 by compiler to\n"
+        "          allow use of registers defined by GMMA in function\n"
+        "          'kernel_a'\n"
+        "          ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are\n"
+        "          serialized due to insufficient register resources for the wgmma pipeline in the function\n"
+        "          'kernel_a'\n"
+        "ptxas info    : Used 168 registers, used 1 barriers\n")
+    remarks = kc.wgmma_serialized_remarks(log)
+    assert remarks == ("(C7512) Potential Performance Loss: wgmma.mma_async instructions are serialized "
+                       "due to insufficient register resources for the wgmma pipeline in the function "
+                       "'kernel_a'",)
+    one_line = "ptxas info : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized due to the presence of Extern calls in the function 'k'\n"
+    assert len(kc.wgmma_serialized_remarks(one_line)) == 1
+    assert kc.wgmma_serialized_remarks(log.replace("serialized", "kept")) == ()

@@ -416,7 +416,15 @@ _PTXAS_NUMBERS = {
     "spill_loads": re.compile(r"(\d+) bytes spill loads"),
     "stack_bytes": re.compile(r"(\d+) bytes stack frame"),
 }
-_WGMMA_SERIALIZED = re.compile(r"\(C75\d\d\)[^\n]*wgmma[^\n]*serialized[^\n]*")
+_WGMMA_SERIALIZED = re.compile(r"\(C75\d\d\)[^(]*?wgmma[^(]*?serialized[^(]*")
+
+
+def wgmma_serialized_remarks(log: str) -> tuple:
+    """ptxas's remarks that it serialized the wgmma (C7510-C7516), one string each. The log
+    wraps a remark over several indented lines, so its whitespace is collapsed first; a
+    remark ends where the next ``ptxas`` line or parenthesis starts."""
+    flat = re.sub(r"\s+", " ", log)
+    return tuple(m.group(0).split(" ptxas ")[0].strip() for m in _WGMMA_SERIALIZED.finditer(flat))
 
 
 def inspect_kernel(kernel_cls: type, config, specs: tuple, arch: str = "sm_90a",
@@ -467,7 +475,7 @@ def inspect_kernel(kernel_cls: type, config, specs: tuple, arch: str = "sm_90a",
         arch=arch,
         ptx=ptx,
         seconds=time.perf_counter() - start,
-        wgmma_serialized=tuple(_WGMMA_SERIALIZED.findall(text)),
+        wgmma_serialized=wgmma_serialized_remarks(text),
         cubins=cubins,
         instructions=frozenset(i for i in REPORTED_INSTRUCTIONS if i in ptx),
         **numbers,
