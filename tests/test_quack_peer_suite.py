@@ -81,33 +81,29 @@ def rmsnorm(x, weight=None, bias=None, residual=None, out_dtype=None, residual_d
     return result if prenorm else result[0]
 
 
-_softmax = _load("test_softmax")
-if _softmax is not None:
-    _softmax.softmax = softmax
-    test_softmax = _softmax.test_softmax
-    test_softmax_extreme_values = _softmax.test_softmax_extreme_values
-    test_softmax_numerical_stability = _softmax.test_softmax_numerical_stability
+def _export(name, shims, tests):
+    """quack's ``tests/<name>.py`` with ``shims`` (name: function) put in place of quack's public
+    functions, and its test functions ``tests`` made this module's (so pytest collects them with
+    their upstream parameter grids)."""
+    module = _load(name)
+    if module is None:
+        return
+    for attr, shim in shims.items():
+        setattr(module, attr, shim)
+    for test in tests:
+        globals()[test] = getattr(module, test)
 
-_ce = _load("test_cross_entropy")
-if _ce is not None:
-    _ce.cross_entropy, _ce.cross_entropy_fwd = cross_entropy, cross_entropy_fwd
-    test_cross_entropy = _ce.test_cross_entropy
-    test_cross_entropy_lse_partial = _ce.test_cross_entropy_lse_partial
-    test_cross_entropy_extreme_values = _ce.test_cross_entropy_extreme_values
-    test_cross_entropy_numerical_stability = _ce.test_cross_entropy_numerical_stability
-    test_cross_entropy_edge_targets = _ce.test_cross_entropy_edge_targets
-    test_cross_entropy_ignore_index_edge_cases = _ce.test_cross_entropy_ignore_index_edge_cases
-    test_cross_entropy_weight_reduction = _ce.test_cross_entropy_weight_reduction
 
-_rms = _load("test_rmsnorm")
-if _rms is not None:
-    _rms.rmsnorm = rmsnorm
-    test_rmsnorm_forward_backward = _rms.test_rmsnorm_forward_backward
-    test_rmsnorm_weight_offset = _rms.test_rmsnorm_weight_offset
-    test_rmsnorm_noncontiguous_grad = _rms.test_rmsnorm_noncontiguous_grad
-    test_rmsnorm_compile_2d_then_4d = _rms.test_rmsnorm_compile_2d_then_4d
-    test_rmsnorm_qk = _rms.test_rmsnorm_qk
-    test_rmsnorm_strided_tensor = _rms.test_rmsnorm_strided_tensor
-    test_rmsnorm_with_bias = _rms.test_rmsnorm_with_bias
-    test_rmsnorm_with_residual = _rms.test_rmsnorm_with_residual
-    test_rmsnorm_prenorm_false = _rms.test_rmsnorm_prenorm_false
+_export("test_softmax", {"softmax": softmax},
+        ("test_softmax", "test_softmax_extreme_values", "test_softmax_numerical_stability"))
+_export("test_cross_entropy",
+        {"cross_entropy": cross_entropy, "cross_entropy_fwd": cross_entropy_fwd},
+        ("test_cross_entropy", "test_cross_entropy_lse_partial",
+         "test_cross_entropy_extreme_values", "test_cross_entropy_numerical_stability",
+         "test_cross_entropy_edge_targets", "test_cross_entropy_ignore_index_edge_cases",
+         "test_cross_entropy_weight_reduction"))
+_export("test_rmsnorm", {"rmsnorm": rmsnorm},
+        ("test_rmsnorm_forward_backward", "test_rmsnorm_weight_offset",
+         "test_rmsnorm_noncontiguous_grad", "test_rmsnorm_compile_2d_then_4d", "test_rmsnorm_qk",
+         "test_rmsnorm_strided_tensor", "test_rmsnorm_with_bias", "test_rmsnorm_with_residual",
+         "test_rmsnorm_prenorm_false"))
