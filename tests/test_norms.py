@@ -118,6 +118,35 @@ def test_forward_launch_shapes():
     assert not (with_residual.stage_x or with_residual.one_exchange or with_residual.stage_affine)
 
 
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic"])
+def test_compile_traces_changing_shapes_without_a_gpu(monkeypatch, dynamic):
+    # torch.compile of forward and backward over changing shapes, where torch makes the sizes
+    # and eps symbolic, traced on the meta device (the CUDA check lifted, the ops' fake
+    # implementations run): no graph break, gradients of the inputs' shapes
+    from cute_kernels.rowwise import norm_op
+
+    monkeypatch.setattr(norm_op, "check_tensor", lambda name, t, dtypes, like=None: None)
+
+    def f(x, w, b, r, eps, layer_norm):
+        if layer_norm:
+            return ck.layer_norm(x, w, b, eps=eps, residual=r)
+        return ck.rms_norm(x, w, eps, residual=r, bias=b)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True, dynamic=dynamic)
+    cases = [((3, 256), (256,), False), ((199, 512), (512,), False), ((2, 16, 4, 64), (4, 64), False),
+             ((1, 1, 32, 128), (32, 128), False), ((5, 9, 96), (9, 96), True), ((7, 3, 64), (3, 64), True)]
+    for i, (shape, wshape, layer_norm) in enumerate(cases):
+        x, r = (torch.empty(shape, device="meta", dtype=torch.bfloat16, requires_grad=True)
+                for _ in range(2))
+        w, b = (torch.empty(wshape, device="meta", requires_grad=True) for _ in range(2))
+        with torch._dynamo.config.patch(recompile_limit=len(cases)):
+            y, h = compiled(x, w, b, r, (1e-5, 1e-6)[i % 2], layer_norm)
+        assert y.shape == h.shape == shape
+        grads = torch.autograd.grad((y.float().sum() + h.float().sum()), [x, w, b, r])
+        assert [g.shape for g in grads] == [x.shape, w.shape, b.shape, r.shape]
+
+
 def test_references_agree_with_torch():
     x, w, b = torch.randn(3, 10, dtype=torch.float64), torch.randn(10, dtype=torch.float64), torch.randn(10, dtype=torch.float64)
     torch.testing.assert_close(rms_norm_ref(x, w, 1e-6), F.rms_norm(x, (10,), w, 1e-6))
@@ -533,28 +562,32 @@ def test_torch_compile_fullgraph():
 
 
 @gpu
+@pytest.mark.parametrize("dynamic", [False, None, True], ids=["static", "automatic", "dynamic"])
 @pytest.mark.parametrize("layer_norm", [False, True], ids=["rms", "ln"])
-def test_torch_compile_static_shapes_across_calls(layer_norm):
-    # one compiled function (dynamic=False, the documented way) called with changing batch and
-    # row lengths, per-row and per-head weights: each shape its own static graph, forward and
-    # backward bit-identical to eager
-    def f(x, w):
-        return ck.layer_norm(x, w) if layer_norm else ck.rms_norm(x, w, eps=1e-6)
+def test_torch_compile_across_changing_shapes(layer_norm, dynamic):
+    # one compiled function called with changing batch and row lengths, per-row and per-head
+    # weights and a changing eps: static graphs per shape, or symbolic sizes and eps (torch's
+    # automatic dynamic after the first change, or dynamic=True); forward and backward
+    # bit-identical to eager
+    def f(x, w, eps):
+        return ck.layer_norm(x, w, eps=eps) if layer_norm else ck.rms_norm(x, w, eps=eps)
 
     torch._dynamo.reset()
-    compiled = torch.compile(f, fullgraph=True, dynamic=False)
+    compiled = torch.compile(f, fullgraph=True, dynamic=dynamic)
     cases = [((3, 256), (256,)), ((199, 256), (256,)), ((37, 1024), (1024,)),
-             ((8192, 1024), (1024,)), ((5, 4096), (4096,))]
+             ((8192, 1024), (1024,)), ((5, 4096), (4096,)), ((1, 65536), (65536,))]
     if not layer_norm:
-        cases += [((7, 4, 64), (4, 64)), ((9, 4, 64), (4, 64))]
-    for shape, wshape in cases:
+        cases += [((7, 4, 64), (4, 64)), ((9, 4, 64), (4, 64)), ((2, 16, 4, 64), (4, 64)),
+                  ((1, 1, 32, 128), (32, 128))]
+    for i, (shape, wshape) in enumerate(cases):
         x = torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
         w = torch.randn(wshape, device="cuda", dtype=torch.float32, requires_grad=True)
         dy = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+        eps = (1e-5, 1e-6)[i % 2]
         with torch._dynamo.config.patch(recompile_limit=len(cases)):
-            out = compiled(x, w)
+            out = compiled(x, w, eps)
         got = torch.autograd.grad(out, [x, w], dy)
-        ref = f(x, w)
+        ref = f(x, w, eps)
         want = torch.autograd.grad(ref, [x, w], dy)
         torch.testing.assert_close(out, ref, atol=0, rtol=0)
         for a, e in zip(got, want):

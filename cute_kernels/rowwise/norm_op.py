@@ -206,15 +206,8 @@ def norm_fwd(x, residual, weight, bias, y, h, rstd, mean, eps: float, layer_norm
     _forward_kernels(key, tensors, x, residual, weight, bias, y, h, rstd, mean, eps)
 
 
-@kernel_op(
-    "norm_bwd",
-    mutates_args=("dx", "dw_partial", "db_partial"),
-    schema="(Tensor x, Tensor? weight, Tensor dy, Tensor rstd, Tensor? mean, Tensor? dh, "
-    "Tensor(a!) dx, Tensor(b!)? dw_partial, Tensor(c!)? db_partial, bool layer_norm, "
-    "int num_ctas, int heads=0, float weight_offset=0.0) -> ()",
-)
-def norm_bwd(x, weight, dy, rstd, mean, dh, dx, dw_partial, db_partial, layer_norm: bool,
-             num_ctas: int, heads: int = 0, weight_offset: float = 0.0) -> None:
+def _launch_backward(x, weight, dy, rstd, mean, dh, dx, dw_partial, db_partial, layer_norm,
+                     num_ctas, heads, weight_offset):
     """dx and per-CTA dw / db partials (num_ctas, N) fp32 for (M, N) rows, M >= 1, over a
     persistent grid of ``num_ctas`` row tiles at a time (``backward_grid``); with ``heads``,
     per-row partials (num_ctas * rows_per_cta, N)."""
@@ -223,6 +216,40 @@ def norm_bwd(x, weight, dy, rstd, mean, dh, dx, dw_partial, db_partial, layer_no
     tensors = tuple(t for t in (x, weight, dy, dh, dx) if t is not None)
     _backward_kernels(key, tensors, x, weight, dy, rstd, mean, dh, dx, dw_partial, db_partial,
                       num_ctas)
+
+
+@kernel_op(
+    "norm_bwd",
+    mutates_args=("dx", "sums"),
+    schema="(Tensor x, Tensor? weight, Tensor dy, Tensor rstd, Tensor? mean, Tensor? dh, "
+    "Tensor(a!) dx, Tensor(b!)? sums, bool layer_norm, bool weight_grad, bool bias_grad, "
+    "int heads=0, float weight_offset=0.0) -> ()",
+)
+def norm_bwd(x, weight, dy, rstd, mean, dh, dx, sums, layer_norm: bool, weight_grad: bool,
+             bias_grad: bool, heads: int = 0, weight_offset: float = 0.0) -> None:
+    """dx of (M, N) rows, M >= 1, and into ``sums`` (fp32 (G, N4) or per head (G, heads, N4),
+    N4 = N rounded up to 4; G = weight_grad + bias_grad, dw first) the weight and bias
+    gradients. The persistent grid and its partials are planned here, where the sizes are
+    numbers also under torch.compile."""
+    m, n = x.shape
+    ctas = backward_grid(m, n, x.device, x.element_size(), dy.element_size(), dh is not None, heads)
+    # Partial rows: one per CTA, or with per-head vectors one per thread row (their heads
+    # differ within a CTA), the row q holding head q % heads.
+    part_rows = ctas * backward_rows(n, 1, 4).rows_per_cta if heads else ctas
+    padded = -(-n // 4) * 4  # 16-byte partial rows for the column sums
+    groups = weight_grad + bias_grad
+    parts = torch.empty((groups, part_rows, padded), dtype=torch.float32, device=x.device)
+    dw_part = parts[0, :, :n] if weight_grad else None
+    db_part = parts[int(weight_grad), :, :n] if bias_grad else None
+    _launch_backward(x, weight, dy, rstd, mean, dh, dx, dw_part, db_part, layer_norm, ctas, heads,
+                     weight_offset)
+    if not groups:
+        return
+    if heads:
+        for i in range(groups):  # (rows / heads, heads, N) summed over its first dim
+            column_sum(parts[i].view(part_rows // heads, heads, padded).transpose(0, 1), sums[i])
+    else:
+        column_sum(parts, sums)
 
 
 def backward_grid(m: int, n: int, device: torch.device, x_size: int, dy_size: int,
@@ -283,7 +310,7 @@ def _validate(x, weight, bias, residual, eps, out_dtype, per_head=False, weight_
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps >= 0:
         raise UnsupportedError(f"eps must be a float >= 0, got {eps!r}")
     if isinstance(weight_offset, bool) or not isinstance(weight_offset, (int, float)) \
-            or not math.isfinite(weight_offset):
+            or not -math.inf < weight_offset < math.inf:  # (not math.isfinite: symbolic under compile)
         raise UnsupportedError(f"weight_offset must be a finite float, got {weight_offset!r}")
     if weight_offset and weight is None:
         raise UnsupportedError(f"weight_offset={weight_offset} needs a weight")
@@ -306,46 +333,51 @@ def _vector(t, n: int, heads: int):
     return t.reshape(heads, n).contiguous() if heads else t.reshape(n)
 
 
+def _heads(weight, bias, per_head: bool):
+    return (weight if weight is not None else bias).shape[0] if per_head else 0
+
+
 class _Norm(torch.autograd.Function):
+    # Takes and returns (M, N) rows (the caller reshapes, so that the ranks here never change
+    # between calls), and keeps tensors and constants only in ctx: the sizes are read back from
+    # the saved tensors (under torch.compile with changing shapes they are symbolic).
     @staticmethod
-    def forward(ctx, x, weight, bias, residual, eps, layer_norm, out_dtype, n, heads,
-                weight_offset, residual_out_dtype):
-        x2 = _rows(x, n)
+    def forward(ctx, x2, weight, bias, r2, eps, layer_norm, out_dtype, per_head, weight_offset,
+                residual_out_dtype):
+        m, n = x2.shape
+        heads = _heads(weight, bias, per_head)
         w, b = _vector(weight, n, heads), _vector(bias, n, heads)
-        r2 = None if residual is None else _rows(residual, n)
-        m = x2.shape[0]
-        y = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
+        y = torch.empty((m, n), dtype=out_dtype or x2.dtype, device=x2.device)
         h = None if r2 is None else torch.empty(
-            (m, n), dtype=residual_out_dtype or residual.dtype, device=x.device)
-        rstd = torch.empty(m, dtype=torch.float32, device=x.device)
-        mean = torch.empty(m, dtype=torch.float32, device=x.device) if layer_norm else None
+            (m, n), dtype=residual_out_dtype or r2.dtype, device=x2.device)
+        rstd = torch.empty(m, dtype=torch.float32, device=x2.device)
+        mean = torch.empty(m, dtype=torch.float32, device=x2.device) if layer_norm else None
         if m:
             norm_fwd(x2, r2, w, b, y, h, rstd, mean, float(eps), layer_norm, heads,
                      float(weight_offset))
-        ctx.save_for_backward(x2 if h is None else h, w, rstd, mean)
-        ctx.layer_norm, ctx.n, ctx.heads, ctx.weight_offset = layer_norm, n, heads, float(weight_offset)
-        ctx.bias = None if bias is None else (bias.shape, bias.dtype)
-        ctx.shapes = (x.shape, x.dtype, None if weight is None else weight.shape,
-                      None if residual is None else residual.dtype)
-        y = y.view(x.shape)
-        return y if h is None else (y, h.view(x.shape))
+        ctx.save_for_backward(x2 if h is None else h, weight, bias, rstd, mean)
+        ctx.layer_norm, ctx.per_head, ctx.weight_offset = layer_norm, per_head, float(weight_offset)
+        ctx.dtypes = (x2.dtype, None if r2 is None else r2.dtype)
+        return y if h is None else (y, h)
 
     @staticmethod
     def backward(ctx, dy, dh=None):
-        x2, w, rstd, mean = ctx.saved_tensors
-        x_shape, x_dtype, w_shape, r_dtype = ctx.shapes
-        dh2 = None if dh is None or r_dtype is None else _rows(dh, ctx.n)
-        need_dw = w is not None and ctx.needs_input_grad[1]
-        need_db = ctx.bias is not None and ctx.needs_input_grad[2]
-        dx, dw, db = norm_backward(x2, w, _rows(dy, ctx.n), rstd, mean, dh2, ctx.layer_norm,
-                                   need_dw, need_db, x_dtype, ctx.heads, ctx.weight_offset)
-        dweight = None if dw is None else dw.to(w.dtype).view(w_shape)
-        dbias = None if db is None else db.to(ctx.bias[1]).view(ctx.bias[0])
-        dx = dx.view(x_shape)
+        x2, weight, bias, rstd, mean = ctx.saved_tensors
+        x_dtype, r_dtype = ctx.dtypes
+        n = x2.shape[1]
+        heads = _heads(weight, bias, ctx.per_head)
+        dh2 = None if dh is None or r_dtype is None else _rows(dh, n)
+        need_dw = weight is not None and ctx.needs_input_grad[1]
+        need_db = bias is not None and ctx.needs_input_grad[2]
+        dx, dw, db = norm_backward(x2, _vector(weight, n, heads), _rows(dy, n), rstd, mean, dh2,
+                                   ctx.layer_norm, need_dw, need_db, x_dtype, heads,
+                                   ctx.weight_offset)
+        dweight = None if dw is None else dw.to(weight.dtype).view(weight.shape)
+        dbias = None if db is None else db.to(bias.dtype).view(bias.shape)
         dresidual = None
         if r_dtype is not None and ctx.needs_input_grad[3]:
             dresidual = dx if r_dtype == x_dtype else dx.to(r_dtype)
-        return dx, dweight, dbias, dresidual, None, None, None, None, None, None, None
+        return dx, dweight, dbias, dresidual, None, None, None, None, None, None
 
 
 def norm_backward(x, weight, dy, rstd, mean, dh, layer_norm, need_dw, need_db, dx_dtype=None,
@@ -359,25 +391,12 @@ def norm_backward(x, weight, dy, rstd, mean, dh, layer_norm, need_dw, need_db, d
     if not m:
         zeros = torch.zeros(shape, dtype=torch.float32, device=x.device)
         return dx, zeros if need_dw else None, zeros.clone() if need_db else None
-    ctas = backward_grid(m, n, x.device, x.element_size(), dy.element_size(), dh is not None, heads)
-    # Partial rows: one per CTA, or with per-head vectors one per thread row (their heads
-    # differ within a CTA), the row q holding head q % heads.
-    part_rows = ctas * backward_rows(n, 1, 4).rows_per_cta if heads else ctas
-    padded = -(-n // 4) * 4  # 16-byte partial rows for the column sums
-    parts = torch.empty((need_dw + need_db, part_rows, padded), dtype=torch.float32, device=x.device)
-    dw_part = parts[0, :, :n] if need_dw else None
-    db_part = parts[int(need_dw), :, :n] if need_db else None
-    norm_bwd(x, weight, dy, rstd, mean, dh, dx, dw_part, db_part, layer_norm, ctas, heads,
+    padded = -(-n // 4) * 4
+    groups = need_dw + need_db
+    sums = torch.empty((groups, heads, padded) if heads else (groups, padded), dtype=torch.float32,
+                       device=x.device) if groups else None
+    norm_bwd(x, weight, dy, rstd, mean, dh, dx, sums, layer_norm, need_dw, need_db, heads,
              weight_offset)
-    if not parts.shape[0]:
-        return dx, None, None
-    if heads:
-        sums = torch.empty((parts.shape[0], heads, padded), dtype=torch.float32, device=x.device)
-        for i in range(parts.shape[0]):  # (rows / heads, heads, N) summed over its first dim
-            column_sum(parts[i].view(part_rows // heads, heads, padded).transpose(0, 1), sums[i])
-    else:
-        sums = torch.empty((parts.shape[0], padded), dtype=torch.float32, device=x.device)
-        column_sum(parts, sums)
     dw = sums[0, ..., :n] if need_dw else None
     db = sums[int(need_dw), ..., :n] if need_db else None
     return dx, dw, db
@@ -423,9 +442,12 @@ def _norm(x, weight, bias, residual, eps, layer_norm, out_dtype, per_head=False,
                                 weight is not None and weight.requires_grad,
                                 bias is not None and bias.requires_grad)
         row_config(n, 1, 4, tensors_held=1)
-    heads = x.shape[-2] if per_head else 0
-    return _Norm.apply(x, weight, bias, residual, eps, layer_norm, out_dtype, n, heads,
-                       weight_offset, residual_out_dtype)
+    r2 = None if residual is None else _rows(residual, n)
+    out = _Norm.apply(_rows(x, n), weight, bias, r2, eps, layer_norm, out_dtype, per_head,
+                      weight_offset, residual_out_dtype)
+    if residual is None:
+        return out.view(x.shape)
+    return out[0].view(x.shape), out[1].view(x.shape)
 
 
 def _needs_grad(*tensors) -> bool:
