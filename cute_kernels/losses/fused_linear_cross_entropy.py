@@ -13,7 +13,7 @@ from ..gemm.op import gemm_with_config
 from ..rowwise.config import row_config
 from ..rowwise.cross_entropy_op import (as_rows, check_arguments, cross_entropy_bwd, cross_entropy_fwd,
                                         mean_scale, scale_rows)
-from ..runtime import DTypeError, UnsupportedError
+from ..runtime import DTypeError, UnsupportedError, kernel_op
 from ..runtime.arch import sm_count
 from ..runtime.errors import describe
 
@@ -95,86 +95,110 @@ def _weight_grad_by_slices(h2, weight, bias, target, lse, scale, ignore_index, g
         v0 = v1
 
 
-class _FusedLinearCrossEntropy(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, hidden, weight, target, bias, ignore_index, smoothing, reduction, chunk):
-        h2, t2 = as_rows(hidden), target.reshape(-1)
-        tokens, vocab = h2.shape[0], weight.shape[0]
-        device = hidden.device
-        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        need_b = bias is not None and ctx.needs_input_grad[3]
-        grads = need_h or need_w or need_b
-        loss_rows = torch.empty(tokens, dtype=torch.float32, device=device)
-        lse = torch.empty(tokens, dtype=torch.float32, device=device)
-        scale = (mean_scale(t2, ignore_index) if reduction == "mean"
-                 else torch.ones(1, dtype=torch.float32, device=device))
-        # Without label smoothing the weight gradient comes from a second pass over vocabulary
-        # slices (see ``fused_linear_cross_entropy``); otherwise it accumulates chunk by chunk.
-        by_slices = (need_w and smoothing == 0.0 and tokens > 0 and hidden.dtype != torch.float32
-                     and _gemm_ready(h2) and _gemm_ready(weight))
-        grad_h = torch.empty_like(h2) if need_h else None
-        grad_w = (torch.empty_like(weight) if by_slices else torch.zeros_like(weight)) if need_w else None
-        grad_b = torch.zeros(vocab, dtype=torch.float32, device=device) if need_b else None
-        budget_rows = chunk_rows(tokens, h2.shape[1], vocab, h2.element_size(),
-                                 torch.cuda.mem_get_info(device)[0])
-        align = 16 // h2.element_size()
-        row_stride = -(-vocab // align) * align if by_slices else vocab
-        # With the slice pass the weight gradient is written only after the chunks: until then
-        # its storage holds the chunks' logits, so chunks can be as large as it is.
-        scratch_rows = grad_w.numel() // row_stride if by_slices else 0
-        if chunk is None:
-            chunk = scratch_rows if scratch_rows else budget_rows
-        # With the slice pass, both passes compute logits with the project's GEMM in one fixed
-        # configuration (same MMA instruction, same order of the K sum), so the recomputed
-        # logits are bitwise the ones the lse came from: logits rounded differently would make
-        # exp(x - lse) sum to other than 1. Its TMA store needs 16-byte rows: the buffer is padded.
-        logits_config = GemmConfig(128, 256, 1, 1, 8, sm_count(device.index or 0),
-                                   epilogue=Epilogue(bias=bias is not None))
-        rows = min(chunk, tokens)
-        if 0 < rows <= scratch_rows:
-            buffer = grad_w.view(-1)[: rows * row_stride].view(rows, row_stride)
-        else:
-            buffer = torch.empty((rows, row_stride), dtype=hidden.dtype, device=device)
-        w_t = weight.t()
-        for start in range(0, tokens, chunk):
-            end = min(start + chunk, tokens)
-            h, logits = h2[start:end], buffer[: end - start, :vocab]
-            if by_slices:
-                gemm_with_config(h, w_t, logits, bias, logits_config)
-            elif bias is None:
-                torch.mm(h, w_t, out=logits)
-            else:
-                torch.addmm(bias, h, w_t, out=logits)
-            cross_entropy_fwd(logits, t2[start:end], loss_rows[start:end], lse[start:end],
-                              logits if grads else None, scale, ignore_index, smoothing, 0.0)
-            if need_h:
-                torch.mm(logits, weight, out=grad_h[start:end])
-            if need_w and not by_slices:
-                grad_w.addmm_(logits.t(), h)
-            if need_b:
-                grad_b += logits.sum(0, dtype=torch.float32)
+@kernel_op(
+    "fused_linear_cross_entropy_fwd",
+    mutates_args=("loss", "grad_h", "grad_w", "grad_b"),
+    schema="(Tensor h2, Tensor weight, Tensor t2, Tensor? bias, Tensor(a!) loss, Tensor(b!)? grad_h, "
+    "Tensor(c!)? grad_w, Tensor(d!)? grad_b, int ignore_index, float smoothing, str reduction, "
+    "int? chunk) -> ()",
+)
+def fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, grad_h, grad_w, grad_b,
+                                   ignore_index: int, smoothing: float, reduction: str,
+                                   chunk: int | None) -> None:
+    """The loss of (tokens, H) rows ``h2`` against (tokens,) ``t2`` into the 0-d fp32 ``loss``,
+    and for an incoming gradient of 1 the gradients into those of ``grad_h`` (h2's shape),
+    ``grad_w`` (the weight's) and ``grad_b`` ((V,) fp32) that are given. The chunks and the
+    slice pass are planned here, where the sizes (and the free memory) are numbers also under
+    torch.compile."""
+    tokens, vocab = h2.shape[0], weight.shape[0]
+    device = h2.device
+    need_h, need_w, need_b = grad_h is not None, grad_w is not None, grad_b is not None
+    grads = need_h or need_w or need_b
+    loss_rows = torch.empty(tokens, dtype=torch.float32, device=device)
+    lse = torch.empty(tokens, dtype=torch.float32, device=device)
+    scale = (mean_scale(t2, ignore_index) if reduction == "mean"
+             else torch.ones(1, dtype=torch.float32, device=device))
+    # Without label smoothing the weight gradient comes from a second pass over vocabulary
+    # slices (see ``fused_linear_cross_entropy``); otherwise it accumulates chunk by chunk.
+    by_slices = (need_w and smoothing == 0.0 and tokens > 0 and h2.dtype != torch.float32
+                 and _gemm_ready(h2) and _gemm_ready(weight))
+    if need_w and not by_slices:
+        grad_w.zero_()
+    if need_b:
+        grad_b.zero_()
+    budget_rows = chunk_rows(tokens, h2.shape[1], vocab, h2.element_size(),
+                             torch.cuda.mem_get_info(device)[0])
+    align = 16 // h2.element_size()
+    row_stride = -(-vocab // align) * align if by_slices else vocab
+    # With the slice pass the weight gradient is written only after the chunks: until then
+    # its storage holds the chunks' logits, so chunks can be as large as it is.
+    scratch_rows = grad_w.numel() // row_stride if by_slices else 0
+    if chunk is None:
+        chunk = scratch_rows if scratch_rows else budget_rows
+    # With the slice pass, both passes compute logits with the project's GEMM in one fixed
+    # configuration (same MMA instruction, same order of the K sum), so the recomputed
+    # logits are bitwise the ones the lse came from: logits rounded differently would make
+    # exp(x - lse) sum to other than 1. Its TMA store needs 16-byte rows: the buffer is padded.
+    logits_config = GemmConfig(128, 256, 1, 1, 8, sm_count(device.index or 0),
+                               epilogue=Epilogue(bias=bias is not None))
+    rows = min(chunk, tokens)
+    if 0 < rows <= scratch_rows:
+        buffer = grad_w.view(-1)[: rows * row_stride].view(rows, row_stride)
+    else:
+        buffer = torch.empty((rows, row_stride), dtype=h2.dtype, device=device)
+    w_t = weight.t()
+    for start in range(0, tokens, chunk):
+        end = min(start + chunk, tokens)
+        h, logits = h2[start:end], buffer[: end - start, :vocab]
         if by_slices:
-            del buffer, logits, h  # the chunk buffer's memory goes back before the slice pass
-            _weight_grad_by_slices(h2, weight, bias, t2, lse, scale, ignore_index, grad_w,
-                                   budget_rows * vocab, logits_config)
+            gemm_with_config(h, w_t, logits, bias, logits_config)
+        elif bias is None:
+            torch.mm(h, w_t, out=logits)
+        else:
+            torch.addmm(bias, h, w_t, out=logits)
+        cross_entropy_fwd(logits, t2[start:end], loss_rows[start:end], lse[start:end],
+                          logits if grads else None, scale, ignore_index, smoothing, 0.0)
+        if need_h:
+            torch.mm(logits, weight, out=grad_h[start:end])
+        if need_w and not by_slices:
+            grad_w.addmm_(logits.t(), h)
+        if need_b:
+            grad_b += logits.sum(0, dtype=torch.float32)
+    if by_slices:
+        del buffer, logits, h  # the chunk buffer's memory goes back before the slice pass
+        _weight_grad_by_slices(h2, weight, bias, t2, lse, scale, ignore_index, grad_w,
+                               budget_rows * vocab, logits_config)
+    total = loss_rows.sum()  # rows already divided by the counted rows for "mean"
+    loss.copy_((total * scale).reshape(()) if tokens == 0 else total)  # an empty mean is NaN
+
+
+class _FusedLinearCrossEntropy(torch.autograd.Function):
+    # Takes (tokens, H) rows and (tokens,) targets (the caller reshapes): the gradients are
+    # computed in the forward and scaled by the incoming gradient in the backward.
+    @staticmethod
+    def forward(ctx, h2, weight, t2, bias, ignore_index, smoothing, reduction, chunk):
+        device = h2.device
+        loss = torch.empty((), dtype=torch.float32, device=device)
+        grad_h = torch.empty_like(h2) if ctx.needs_input_grad[0] else None
+        grad_w = torch.empty_like(weight) if ctx.needs_input_grad[1] else None
+        grad_b = (torch.empty(weight.shape[0], dtype=torch.float32, device=device)
+                  if bias is not None and ctx.needs_input_grad[3] else None)
+        fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, grad_h, grad_w, grad_b,
+                                       ignore_index, smoothing, reduction, chunk)
         ctx.save_for_backward(grad_h, grad_w, grad_b)
-        ctx.shapes = (hidden.shape, None if bias is None else bias.dtype)
-        total = loss_rows.sum()  # rows already divided by the counted rows for "mean"
-        return (total * scale).reshape(()) if tokens == 0 else total  # an empty mean is NaN
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return loss
 
     @staticmethod
     def backward(ctx, dloss):
         grad_h, grad_w, grad_b = ctx.saved_tensors
-        hidden_shape, bias_dtype = ctx.shapes
         scale = dloss.float().reshape(1)  # device-side: no traffic at all when it is 1
-        if grad_h is not None:
-            if grad_h.numel():
-                scale_rows(grad_h, scale)
-            grad_h = grad_h.view(hidden_shape)
+        if grad_h is not None and grad_h.numel():
+            scale_rows(grad_h, scale)
         if grad_w is not None and grad_w.numel():
             scale_rows(grad_w, scale)
         if grad_b is not None:
-            grad_b = (grad_b * dloss).to(bias_dtype)
+            grad_b = (grad_b * dloss).to(ctx.bias_dtype)
         return grad_h, grad_w, None, grad_b, None, None, None, None
 
 
@@ -231,8 +255,9 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: 
     if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise UnsupportedError(f"chunk_size must be a positive int, got {chunk_size!r}")
     row_config(weight.shape[0], 1, 4, tensors_held=1)
-    return _FusedLinearCrossEntropy.apply(hidden, weight, target, bias, ignore_index,
-                                          float(label_smoothing), reduction, chunk_size)
+    return _FusedLinearCrossEntropy.apply(as_rows(hidden), weight, target.reshape(-1), bias,
+                                          ignore_index, float(label_smoothing), reduction,
+                                          chunk_size)
 
 
 class FusedLinearCrossEntropyLoss(torch.nn.Module):

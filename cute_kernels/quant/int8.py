@@ -205,7 +205,7 @@ def _int8_kernel(a, b, d, bias, scale_a, scale_b, zero_a, sum_b):
 def _vector(name, t, size, dtype, like):
     """``t`` as a contiguous 1-D tensor of ``size`` values (or 1 for a per-tensor value)."""
     check_tensor(name, t, (dtype,), like)
-    if t.numel() not in (1, size) or sum(s != 1 for s in t.shape) > 1:
+    if t.numel() not in (1, size) or sum(1 for s in t.shape if s != 1) > 1:
         raise UnsupportedError(f"{name} must hold 1 or {size} values ((), ({size},), ({size}, 1) "
                                f"or (1, {size})), got shape {tuple(t.shape)}")
     return t if t.dim() == 1 and t.is_contiguous() else t.reshape(-1).contiguous()
