@@ -32,6 +32,14 @@ def chunk_rows(tokens: int, hidden: int, vocab: int, itemsize: int, free_bytes: 
     return max(1, min(tokens, max(64, chunk)))
 
 
+def _free_bytes(device: torch.device) -> int:
+    """Free device memory; while a CUDA graph is being captured (no driver query then), what
+    this process's allocator has not reserved."""
+    if torch.cuda.is_current_stream_capturing():
+        return torch.cuda.get_device_properties(device).total_memory - torch.cuda.memory_reserved(device)
+    return torch.cuda.mem_get_info(device)[0]
+
+
 def _gemm_ready(t: torch.Tensor) -> bool:
     """Row-major with 16-byte-aligned data and rows: the GEMM's TMA reads it as it is."""
     size = t.element_size()
@@ -126,8 +134,7 @@ def fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, grad_h, grad_w, g
         grad_w.zero_()
     if need_b:
         grad_b.zero_()
-    budget_rows = chunk_rows(tokens, h2.shape[1], vocab, h2.element_size(),
-                             torch.cuda.mem_get_info(device)[0])
+    budget_rows = chunk_rows(tokens, h2.shape[1], vocab, h2.element_size(), _free_bytes(device))
     align = 16 // h2.element_size()
     row_stride = -(-vocab // align) * align if by_slices else vocab
     # With the slice pass the weight gradient is written only after the chunks: until then
