@@ -26,9 +26,12 @@ def _attention(q, k, v):
     return ck.flash_attn(q, k, v, causal=True)
 
 
-def _varlen(q, k, v):
-    cu = torch.tensor([0, 100, 160, 300], dtype=torch.int32, device=q.device)
-    return ck.flash_attn_varlen(q, k, v, cu, cu, 140, 140, causal=True)
+def _varlen(q, k, v, cu_seqlens):
+    return ck.flash_attn_varlen(q, k, v, cu_seqlens, cu_seqlens, 140, 140, causal=True)
+
+
+def _offsets():
+    return torch.tensor([0, 100, 160, 300], dtype=torch.int32, device="cuda")
 
 
 def _int8(x, w):
@@ -67,7 +70,8 @@ CASES = {
                                    True, 0),
     "flash_attn": (_attention, lambda: (randn(2, 300, 8, 128, grad=True), randn(2, 300, 2, 128, grad=True),
                                         randn(2, 300, 2, 128, grad=True)), True, 2e-3),
-    "flash_attn_varlen": (_varlen, lambda: (randn(300, 4, 64), randn(300, 4, 64), randn(300, 4, 64)), False, 0),
+    "flash_attn_varlen": (_varlen, lambda: (randn(300, 4, 64), randn(300, 4, 64), randn(300, 4, 64), _offsets()),
+                          False, 0),
     "gemm": (lambda a, b: ck.gemm(a, b), lambda: (randn(200, 512), randn(512, 384)), False, 0),
     "gemm_fp8": (_fp8, lambda: (randn(256, 512), randn(512, 256)), False, 0),
     "int8": (_int8, lambda: (randn(64, 1024), randn(512, 1024)), False, 0),
