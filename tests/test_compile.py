@@ -1,4 +1,7 @@
-"""Every kernel configuration compiled for sm_90a on this machine (no GPU needed), PTX read."""
+"""Every kernel configuration compiled for sm_90a on this machine (no GPU needed), PTX read.
+
+A configuration the self-check (``python -m cute_kernels``) compiled from the same source is
+read from the disk cache, report and PTX, rather than compiled again."""
 
 import re
 
@@ -33,7 +36,7 @@ SOFTMAX = softmax_configurations()
 @pytest.mark.parametrize("case", SOFTMAX, ids=[_id(c) for c in SOFTMAX])
 def test_softmax_configuration_compiles_without_spills(case):
     kernel, config, specs = case
-    report = inspect_kernel(kernel, config, specs, arch="sm_90a")
+    report = inspect_kernel(kernel, config, specs, arch="sm_90a", reuse=True)
     assert not report.local_memory, f"local memory / spills: {report.summary()}"
     assert 0 < report.registers <= 255
     ptx = report.ptx
@@ -58,7 +61,7 @@ NORMS = norm_op.compile_configurations()
 @pytest.mark.parametrize("case", NORMS, ids=[_id(c) for c in NORMS])
 def test_norm_configuration_compiles_without_spills(case):
     kernel, config, specs = case
-    report = inspect_kernel(kernel, config, specs, arch="sm_90a")
+    report = inspect_kernel(kernel, config, specs, arch="sm_90a", reuse=True)
     assert not report.local_memory, f"local memory / spills: {report.summary()}"
     if kernel.__name__ == "ColumnSumSm90":  # the column sums of the backward's partials
         assert "ld.global.v4" in report.ptx, "partial rows are read in 16-byte vectors"
@@ -79,7 +82,7 @@ CROSS_ENTROPY = cross_entropy_op.compile_configurations()
 @pytest.mark.parametrize("case", CROSS_ENTROPY, ids=[_id(c) for c in CROSS_ENTROPY])
 def test_cross_entropy_configuration_compiles_without_spills(case):
     kernel, config, specs = case
-    report = inspect_kernel(kernel, config, specs, arch="sm_90a")
+    report = inspect_kernel(kernel, config, specs, arch="sm_90a", reuse=True)
     assert not report.local_memory, f"local memory / spills: {report.summary()}"
     if config is None:  # the one-CTA count of counted rows
         return
@@ -99,7 +102,7 @@ PAD = [case for case in GEMM_ALL if case[0].__name__ == "PadRowsSm90"]
 @pytest.mark.parametrize("case", PAD, ids=[c[2][0].dtype for c in PAD])
 def test_gemm_padding_kernel_compiles_without_local_memory(case):
     kernel, config, specs = case
-    report = inspect_kernel(kernel, config, specs, arch="sm_90a")
+    report = inspect_kernel(kernel, config, specs, arch="sm_90a", reuse=True)
     assert not report.local_memory, f"local memory / spills: {report.summary()}"
     assert "st.global" in report.ptx
 
@@ -119,7 +122,7 @@ def test_compile_report_catches_serialized_wgmma():
 @pytest.mark.parametrize("case", GEMM, ids=[f"{c.tile_m}x{c.tile_n}-c{c.cluster_m}-{i}" for i, (_, c, _) in enumerate(GEMM)])
 def test_gemm_configuration_uses_wgmma_tma_and_no_spills(case):
     kernel, config, specs = case
-    report = inspect_kernel(kernel, config, specs, arch="sm_90a")
+    report = inspect_kernel(kernel, config, specs, arch="sm_90a", reuse=True)
     assert report.has("wgmma.mma_async"), "the mainloop must issue wgmma"
     assert report.has("cp.async.bulk.tensor"), "operands must move by TMA"
     assert report.has("setmaxnreg"), "warp specialization must rebalance registers"
@@ -149,7 +152,7 @@ def _attention_id(case):
 @pytest.mark.parametrize("case", ATTENTION, ids=[_attention_id(c) for c in ATTENTION])
 def test_attention_configuration_uses_wgmma_tma_and_no_spills(case):
     kernel, config, specs = case
-    report = inspect_kernel(kernel, config, specs, arch="sm_90a")
+    report = inspect_kernel(kernel, config, specs, arch="sm_90a", reuse=True)
     assert report.has("wgmma.mma_async"), "the GEMMs must issue wgmma"
     assert report.has("cp.async.bulk.tensor"), "Q, K and V must move by TMA"
     assert report.has("setmaxnreg"), "warp specialization must rebalance registers"
@@ -176,7 +179,7 @@ def test_inspect_keeps_the_machine_code_on_request():
                                                   for c in ROW_PASSES])
 def test_attention_row_passes_move_16_byte_vectors_without_spills(case):
     kernel, config, specs = case
-    report = inspect_kernel(kernel, config, specs, arch="sm_90a")
+    report = inspect_kernel(kernel, config, specs, arch="sm_90a", reuse=True)
     assert report.has("ld.global.v4"), "rows must be read in 16-byte vectors"
     assert report.has("st.global.v4"), "rows must be written in 16-byte vectors"
     if kernel.__name__.startswith("BwdPrepare"):
@@ -198,7 +201,7 @@ def _int8_id(case):
 @pytest.mark.parametrize("case", INT8, ids=[_int8_id(c) for c in INT8])
 def test_int8_configuration_compiles_to_s8_wgmma_or_exact_rounding(case):
     kernel, config, specs = case
-    report = inspect_kernel(kernel, config, specs, arch="sm_90a")
+    report = inspect_kernel(kernel, config, specs, arch="sm_90a", reuse=True)
     assert not report.local_memory, f"local memory / spills: {report.summary()}"
     if kernel.__name__ == "GemmSm90":
         assert ".s32.s8.s8" in report.ptx, "int8 operands must run on s8 wgmma into int32"
@@ -222,7 +225,7 @@ NVFP4_PRODUCTS = [c for c in nvfp4_op.compile_configurations() if c[0].__name__ 
 def test_nvfp4_quantize_compiles_without_e2m1_conversions(case):
     # sm_90 has no e2m1 conversion (ptxas rejects the DSL's); the codes come from comparisons.
     kernel, config, specs = case
-    report = inspect_kernel(kernel, config, specs, arch="sm_90a")
+    report = inspect_kernel(kernel, config, specs, arch="sm_90a", reuse=True)
     ptx = report.ptx
     assert not report.local_memory, f"local memory / spills: {report.summary()}"
     assert "e2m1" not in ptx
@@ -251,7 +254,7 @@ def test_nvfp4_product_kernels_decode_in_registers_without_spills(case):
     # No e2m1 conversion on sm_90a: the codes are decoded by integer operations, then one
     # bf16x2 / f16x2 multiply by the block scale; the skinny kernel feeds mma.sync from registers.
     kernel, config, specs = case
-    report = inspect_kernel(kernel, config, specs, arch="sm_90a")
+    report = inspect_kernel(kernel, config, specs, arch="sm_90a", reuse=True)
     ptx = report.ptx
     assert not report.local_memory, f"local memory / spills: {report.summary()}"
     assert "e2m1" not in ptx

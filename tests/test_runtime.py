@@ -104,14 +104,18 @@ def test_cross_compiled_kernels_land_in_the_disk_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("CUTE_KERNELS_ARCH", "sm_90a")
     monkeypatch.delenv("CUTE_KERNELS_DISK_CACHE", raising=False)
     kernel, config, specs = _small_kernel()
+    digest = kc.cache_key(kernel, config, specs, "sm_90a")
+    fresh = kc.inspect_kernel(kernel, config, specs, arch="sm_90a", reuse=True)
+    assert not fresh.cached and not list(kc.cache_folder().glob(f"{digest}.*"))  # nothing kept
     first = kc.inspect_kernel(kernel, config, specs, arch="sm_90a", cache=True)
     assert not first.cached and first.has("ld.global")
-    digest = kc.cache_key(kernel, config, specs, "sm_90a")
     assert (kc.cache_folder() / f"{digest}.o").stat().st_size > 0
     second = kc.inspect_kernel(kernel, config, specs, arch="sm_90a", cache=True)
     assert second.cached and second.registers == first.registers
     assert second.local_memory == first.local_memory
     assert second.has("wgmma.mma_async") == first.has("wgmma.mma_async")
+    reused = kc.inspect_kernel(kernel, config, specs, arch="sm_90a", reuse=True)
+    assert reused.cached and reused.ptx == first.ptx and reused.registers == first.registers
     # The object a GPU process would load: the cache hands it back without compiling.
     cache = kc.KernelCache()
     cache.get(kernel, config, specs, "sm_90a")

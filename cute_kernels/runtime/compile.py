@@ -19,7 +19,9 @@ Two levels of caching:
 Kernels compiled without a GPU (``CUTE_KERNELS_ARCH=sm_90a``) go to the same disk cache under
 the same key, so a GPU of that arch loads them instead of compiling: ``python -m cute_kernels
 precompile`` fills a cache for a deployment image or a test machine. The self-check's PTX
-reports are kept beside the objects (``<key>.report.json``), so a second self-check reads them.
+reports are kept beside the objects (``<key>.report.json``, the PTX in ``<key>.ptx.gz``), so a
+second self-check reads them, and the compile tests read a configuration's report and PTX there
+rather than compile it again.
 
 ``CUTE_KERNELS_RECORD=FILE`` appends one line per kernel a process uses (``record_line``), which
 ``precompile --from FILE`` compiles on another machine: the kernels a workload needs, built
@@ -29,8 +31,10 @@ ahead of time for the machine that will run it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import functools
+import gzip
 import hashlib
 import io
 import json
@@ -428,25 +432,34 @@ def wgmma_serialized_remarks(log: str) -> tuple:
 
 
 def inspect_kernel(kernel_cls: type, config, specs: tuple, arch: str = "sm_90a",
-                   keep_cubin: bool = False, cache: bool = False) -> CompileReport:
+                   keep_cubin: bool = False, cache: bool = False, reuse: bool = False) -> CompileReport:
     """Compile one configuration with the PTX kept and the ptxas report captured (and with
     ``keep_cubin`` the machine code, for a disassembler: ``benchmarks/dump_sass.py``).
 
-    Works without a GPU. With ``cache`` (and the disk cache on), the report is kept beside the
-    kernel's object in the disk cache, which is written too: a later call returns the kept
-    report (without the PTX text, ``cached=True``) and a GPU of ``arch`` loads the object.
+    Works without a GPU. With ``cache`` (and the disk cache on), the report and its PTX are
+    kept beside the kernel's object in the disk cache, which is written too: a later call
+    returns the kept report (without the PTX text, ``cached=True``) and a GPU of ``arch`` loads
+    the object. With ``reuse``, a report kept that way is returned with its PTX instead of
+    compiling again (the compile tests after the self-check), and nothing is written.
     """
     specs = tuple(specs)
-    report_path = obj = None
-    if cache and disk_cache_enabled():
+    report_path = obj = ptx_path = None
+    reuse = reuse and not keep_cubin
+    if (cache or reuse) and disk_cache_enabled():
         folder = cache_folder()
         digest = cache_key(kernel_cls, config, specs, arch)
         report_path, obj = folder / f"{digest}.report.json", folder / f"{digest}.o"
-        if report_path.exists():
+        ptx_path = folder / f"{digest}.ptx.gz"
+        if report_path.exists() and (cache or ptx_path.exists()):
             try:
-                return CompileReport.from_json(report_path.read_text(), config)
-            except (ValueError, KeyError):
+                report = CompileReport.from_json(report_path.read_text(), config)
+                if reuse:
+                    report = dataclasses.replace(report, ptx=gzip.decompress(ptx_path.read_bytes()).decode())
+                return report
+            except (ValueError, KeyError, OSError, EOFError):  # a torn file: compile again
                 report_path.unlink(missing_ok=True)
+        if not cache:
+            report_path = None
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="cute_kernels_ptx_") as dump:
         keep = "--keep-ptx --keep-cubin" if keep_cubin else "--keep-ptx"
@@ -484,6 +497,9 @@ def inspect_kernel(kernel_cls: type, config, specs: tuple, arch: str = "sm_90a",
         with _file_lock(obj.with_suffix(".lock")):
             if not obj.exists():
                 export_object(compiled, obj)
+        tmp = Path(tempfile.mkstemp(dir=report_path.parent, suffix=".ptx.tmp")[1])
+        tmp.write_bytes(gzip.compress(ptx.encode(), compresslevel=1))
+        os.replace(tmp, ptx_path)
         tmp = Path(tempfile.mkstemp(dir=report_path.parent, suffix=".json.tmp")[1])
         tmp.write_text(report.to_json())
         os.replace(tmp, report_path)
