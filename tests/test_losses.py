@@ -50,6 +50,79 @@ def test_chunk_rows_matches_memory_budget():
     assert chunk_rows(8192, 4096, 128256, 2, 1 << 30) == 256
 
 
+class _KernelsInTorch:
+    """The fused linear cross-entropy's kernels as torch computations on the CPU, with the
+    kernels' contracts: the planning around them (chunks, the slice pass, tails, ignored rows)
+    runs as it does on the GPU."""
+
+    @staticmethod
+    def cross_entropy_fwd(logits, target, loss, lse, grad, scale, ignore_index, smoothing, z):
+        x = logits.double()
+        counted = target != ignore_index
+        row_lse = torch.logsumexp(x, 1)
+        picked = x.gather(1, torch.where(counted, target, 0)[:, None])[:, 0]
+        rows = (1 - smoothing) * (row_lse - picked) + smoothing * (row_lse - x.mean(1))
+        loss.copy_(torch.where(counted, rows, 0.0) * scale[0])
+        lse.copy_(row_lse)
+        if grad is not None:
+            g = torch.softmax(x, 1) - smoothing / x.shape[1]
+            g[torch.arange(len(target)), torch.where(counted, target, 0)] -= 1 - smoothing
+            grad.copy_(torch.where(counted[:, None], g, 0.0) * scale[0])
+
+    @staticmethod
+    def cross_entropy_bwd(logits, target, lse, dloss, grad, ignore_index, smoothing, z):
+        x = logits.double()
+        g = torch.exp(x - lse[:, None].double())
+        inside = (target >= 0) & (target < x.shape[1])
+        rows = torch.arange(len(target))[inside]
+        g[rows, target[inside]] -= 1
+        grad.copy_(torch.where((target != ignore_index)[:, None], g, 0.0) * dloss[:, None])
+
+    @staticmethod
+    def mean_scale(target, ignore_index):
+        return (1.0 / (target != ignore_index).sum().float()).reshape(1)
+
+    @staticmethod
+    def gemm_with_config(a, b, out, bias, config):
+        out.copy_(a.double() @ b.double() + (0 if bias is None else bias.double()))
+
+
+@pytest.mark.parametrize("free", [1 << 40, 1 << 20], ids=["memory", "tight"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens,hidden,vocab,smoothing,chunk",
+                         [(3000, 64, 501, 0.0, None), (2500, 32, 777, 0.1, None),
+                          (333, 64, 5003, 0.0, None), (100, 64, 300, 0.0, 7), (0, 16, 40, 0.0, None)])
+def test_fused_linear_cross_entropy_planning_on_cpu(monkeypatch, free, dtype, tokens, hidden, vocab,
+                                                    smoothing, chunk):
+    # chunks, tails, the slice pass (bf16 without smoothing) and its separate buffer, chunk by
+    # chunk accumulation (fp32, smoothing), no tokens: gradients against float64 autograd
+    from cute_kernels.losses import fused_linear_cross_entropy as flce
+
+    for name in ("cross_entropy_fwd", "cross_entropy_bwd", "mean_scale", "gemm_with_config"):
+        monkeypatch.setattr(flce, name, getattr(_KernelsInTorch, name))
+    monkeypatch.setattr(flce, "sm_count", lambda index: 132)
+    monkeypatch.setattr(flce, "_free_bytes", lambda device: free)
+    h = torch.randn(tokens, hidden, dtype=dtype)
+    w = torch.randn(vocab, hidden, dtype=dtype) / 4
+    b = torch.randn(vocab, dtype=dtype)
+    t = torch.randint(0, vocab, (tokens,))
+    t[::5] = -100
+    loss = torch.full((), float("nan"))
+    grads = [torch.full_like(h, float("nan")), torch.full_like(w, float("nan")),
+             torch.full((vocab,), float("nan"))]
+    flce.fused_linear_cross_entropy_fwd(h, w, t, b, loss, *grads, -100, smoothing, "mean", chunk)
+    params = [p.double().requires_grad_() for p in (h, w, b)]
+    ref = ref_ce(params[0] @ params[1].t() + params[2], t, smoothing=smoothing)
+    if not tokens:
+        assert loss.isnan() and all(not g.any() for g in grads)
+        return
+    refs = torch.autograd.grad(ref, params)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2  # bf16: the logits are rounded
+    assert abs(loss.item() - ref.item()) <= tolerance / 10 * abs(ref.item())
+    for g, r in zip(grads, refs):
+        assert (g.double() - r).abs().max().item() <= tolerance * r.abs().max().item()
+
+
 # ---------------------------------------------------------------- GPU
 
 
