@@ -42,6 +42,15 @@ def test_weight_gradient_slices_keep_their_logits_above_the_rows_they_write(toke
     assert v0 < vocab  # the rest goes to the separate buffer
 
 
+def test_accumulating_by_chunks_needs_a_quarter_of_the_free_memory():
+    from cute_kernels.losses.fused_linear_cross_entropy import accumulates_by_chunks
+
+    assert accumulates_by_chunks(8192, 128256, 2, 80 << 30)
+    assert not accumulates_by_chunks(8192, 128256, 2, 4 * 1024 * 128256 * 2 - 1)
+    assert accumulates_by_chunks(8192, 128256, 2, 4 * 1024 * 128256 * 2)
+    assert accumulates_by_chunks(10, 128256, 4, 4 * 10 * 128256 * 4)  # fewer tokens than a chunk
+
+
 def test_chunk_rows_matches_memory_budget():
     # hidden 8192x4096 bf16 = 64 MiB; vocab 128256: 64 MiB / (128256 * 2) -> 256 rows
     assert chunk_rows(8192, 4096, 128256, 2, 80 << 30) == 256
@@ -61,18 +70,18 @@ class _KernelsInTorch:
         counted = target != ignore_index
         row_lse = torch.logsumexp(x, 1)
         picked = x.gather(1, torch.where(counted, target, 0)[:, None])[:, 0]
-        rows = (1 - smoothing) * (row_lse - picked) + smoothing * (row_lse - x.mean(1))
+        rows = (1 - smoothing) * (row_lse - picked) + smoothing * (row_lse - x.mean(1)) + z * row_lse**2
         loss.copy_(torch.where(counted, rows, 0.0) * scale[0])
         lse.copy_(row_lse)
         if grad is not None:
-            g = torch.softmax(x, 1) - smoothing / x.shape[1]
+            g = torch.softmax(x, 1) * (1 + 2 * z * row_lse[:, None]) - smoothing / x.shape[1]
             g[torch.arange(len(target)), torch.where(counted, target, 0)] -= 1 - smoothing
             grad.copy_(torch.where(counted[:, None], g, 0.0) * scale[0])
 
     @staticmethod
     def cross_entropy_bwd(logits, target, lse, dloss, grad, ignore_index, smoothing, z):
         x = logits.double()
-        g = torch.exp(x - lse[:, None].double())
+        g = torch.exp(x - lse[:, None].double()) * (1 + 2 * z * lse[:, None].double())
         inside = (target >= 0) & (target < x.shape[1])
         rows = torch.arange(len(target))[inside]
         g[rows, target[inside]] -= 1
@@ -89,11 +98,12 @@ class _KernelsInTorch:
 
 @pytest.mark.parametrize("free", [1 << 40, 1 << 20], ids=["memory", "tight"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("tokens,hidden,vocab,smoothing,chunk",
-                         [(3000, 64, 501, 0.0, None), (2500, 32, 777, 0.1, None),
-                          (333, 64, 5003, 0.0, None), (100, 64, 300, 0.0, 7), (0, 16, 40, 0.0, None)])
+@pytest.mark.parametrize("tokens,hidden,vocab,smoothing,z,chunk",
+                         [(3000, 64, 501, 0.0, 0.0, None), (2500, 32, 777, 0.1, 0.0, None),
+                          (333, 64, 5003, 0.0, 1e-2, None), (100, 64, 300, 0.0, 0.0, 7),
+                          (0, 16, 40, 0.0, 0.0, None)])
 def test_fused_linear_cross_entropy_planning_on_cpu(monkeypatch, free, dtype, tokens, hidden, vocab,
-                                                    smoothing, chunk):
+                                                    smoothing, z, chunk):
     # chunks, tails, the slice pass (bf16 without smoothing) and its separate buffer, chunk by
     # chunk accumulation (fp32, smoothing), no tokens: gradients against float64 autograd
     from cute_kernels.losses import fused_linear_cross_entropy as flce
@@ -110,9 +120,9 @@ def test_fused_linear_cross_entropy_planning_on_cpu(monkeypatch, free, dtype, to
     loss = torch.full((), float("nan"))
     grads = [torch.full_like(h, float("nan")), torch.full_like(w, float("nan")),
              torch.full((vocab,), float("nan"))]
-    flce.fused_linear_cross_entropy_fwd(h, w, t, b, loss, *grads, -100, smoothing, "mean", chunk)
+    flce.fused_linear_cross_entropy_fwd(h, w, t, b, loss, *grads, -100, smoothing, z, "mean", chunk)
     params = [p.double().requires_grad_() for p in (h, w, b)]
-    ref = ref_ce(params[0] @ params[1].t() + params[2], t, smoothing=smoothing)
+    ref = ref_ce(params[0] @ params[1].t() + params[2], t, smoothing=smoothing, z=z)
     if not tokens:
         assert loss.isnan() and all(not g.any() for g in grads)
         return
@@ -381,8 +391,10 @@ def test_fused_linear_cross_entropy_bf16_matches_unfused():
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("tokens,hidden,vocab", [(333, 256, 5003), (2000, 64, 3001)])
-def test_fused_linear_cross_entropy_weight_grad_by_vocab_slices(bias, reduction, tokens, hidden, vocab):
-    # bf16 without smoothing takes the vocabulary-slice pass for the weight gradient: several
+def test_fused_linear_cross_entropy_weight_grad_by_vocab_slices(monkeypatch, bias, reduction, tokens,
+                                                                hidden, vocab):
+    # bf16 without smoothing takes the vocabulary-slice pass for the weight gradient when a
+    # chunk of 1024 tokens' logits does not fit a quarter of the free memory (forced): several
     # slices, a ragged last one, an odd vocabulary, ignored rows, an incoming gradient != 1.
     # 333 x 256 x 5003: slices whose logits live in the weight gradient's unwritten rows, then
     # the separate buffer; 2000 x 64 x 3001: too many tokens for that, the buffer only.
@@ -391,11 +403,14 @@ def test_fused_linear_cross_entropy_weight_grad_by_vocab_slices(bias, reduction,
     b = torch.randn(vocab, device="cuda", dtype=torch.bfloat16, requires_grad=True) if bias else None
     t = torch.randint(0, vocab, (tokens,), device="cuda")
     t[::7] = -100
-    loss = ck.fused_linear_cross_entropy(h, w, t, b, reduction=reduction, chunk_size=64)
+    _force_the_slice_pass(monkeypatch, vocab)
+    z = 1e-2 if bias else 0.0  # the z-loss's gradient in the slices, from the stored lse
+    loss = ck.fused_linear_cross_entropy(h, w, t, b, reduction=reduction, chunk_size=64,
+                                         lse_square_scale=z)
     params = [h, w] + ([b] if bias else [])
     grads = torch.autograd.grad(loss * 2.5, params)
     p64 = [p.detach().double().requires_grad_() for p in params]
-    ref = ref_ce(p64[0] @ p64[1].t() + (p64[2] if bias else 0), t, reduction=reduction)
+    ref = ref_ce(p64[0] @ p64[1].t() + (p64[2] if bias else 0), t, reduction=reduction, z=z)
     refs = torch.autograd.grad(ref * 2.5, p64)
     assert abs(loss.item() - ref.item()) <= 1e-2 * abs(ref.item()) + 1e-3
     for g, r in zip(grads, refs):
@@ -403,24 +418,62 @@ def test_fused_linear_cross_entropy_weight_grad_by_vocab_slices(bias, reduction,
         assert (g.double() - r).abs().max().item() <= 2e-2 * r.abs().max().item()
 
 
-@gpu
-def test_fused_linear_cross_entropy_peak_memory_is_the_gradients_and_a_small_buffer():
-    # The logits live in the weight gradient's unwritten storage; only the last narrow slices
-    # take a buffer of its own (at most 1024 columns per token).
-    tokens, hidden, vocab = 4096, 1024, 32003
-    h = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-    w = (torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16) / 32).requires_grad_()
-    t = torch.randint(0, vocab, (tokens,), device="cuda")
+def _force_the_slice_pass(monkeypatch, vocab):
+    from cute_kernels.losses import fused_linear_cross_entropy as flce
+
+    free = 4 * flce.ACCUMULATE_ROWS * vocab * 2 - 1  # a chunk of 1024 bf16 rows just misses
+    monkeypatch.setattr(flce, "_free_bytes", lambda device: free)
+
+
+def _extra_peak_memory(h, w, t):
     torch.autograd.grad(ck.fused_linear_cross_entropy(h, w, t), [h, w])  # cuBLAS workspace etc.
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     dh, dw = torch.autograd.grad(ck.fused_linear_cross_entropy(h, w, t), [h, w])
     torch.cuda.synchronize()
-    extra = torch.cuda.max_memory_allocated() - base
-    gradients = 2 * (vocab * hidden + tokens * hidden)
-    assert extra <= gradients + 2 * tokens * 1024 + (1 << 20), (extra, gradients)
     assert not dh.isnan().any() and not dw.isnan().any()
+    return torch.cuda.max_memory_allocated() - base
+
+
+@gpu
+@pytest.mark.parametrize("slices", [False, True], ids=["accumulate", "slices"])
+def test_fused_linear_cross_entropy_peak_memory(monkeypatch, slices):
+    # Accumulating: the gradients and one chunk of 1024 tokens' logits. The slice pass: the
+    # logits live in the weight gradient's unwritten storage; only the last narrow slices take
+    # a buffer of their own (at most 1024 columns per token).
+    tokens, hidden, vocab = 4096, 1024, 32003
+    h = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    w = (torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16) / 32).requires_grad_()
+    t = torch.randint(0, vocab, (tokens,), device="cuda")
+    if slices:
+        _force_the_slice_pass(monkeypatch, vocab)
+    extra = _extra_peak_memory(h, w, t)
+    gradients = 2 * (vocab * hidden + tokens * hidden)
+    buffer = 2 * tokens * 1024 if slices else 1024 * vocab * 2
+    assert extra <= gradients + buffer + (1 << 20), (extra, gradients, buffer)
+
+
+@gpu
+@pytest.mark.parametrize("smoothing,z", [(0.0, 0.0), (0.1, 0.0), (0.0, 1e-2)])
+def test_fused_linear_cross_entropy_default_chunks_against_float64(smoothing, z):
+    # The default plan with memory to spare: chunks of 1024 tokens and a 4-token tail, the
+    # weight gradient accumulated over five chunks, an odd vocabulary, ignored rows
+    tokens, hidden, vocab = 4100, 256, 5003
+    h = (torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16) + 0.5).requires_grad_()
+    w = (torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16) / 8).requires_grad_()
+    b = torch.randn(vocab, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    t = torch.randint(0, vocab, (tokens,), device="cuda")
+    t[::9] = -100
+    loss = ck.fused_linear_cross_entropy(h, w, t, b, label_smoothing=smoothing, lse_square_scale=z)
+    grads = torch.autograd.grad(loss * 0.75, [h, w, b])
+    p64 = [p.detach().double().requires_grad_() for p in (h, w, b)]
+    ref = ref_ce(p64[0] @ p64[1].t() + p64[2], t, smoothing=smoothing, z=z)
+    refs = torch.autograd.grad(ref * 0.75, p64)
+    assert abs(loss.item() - ref.item()) <= 1e-2 * abs(ref.item())
+    for g, r in zip(grads, refs):
+        assert not g.isnan().any()
+        assert (g.double() - r).abs().max().item() <= 2e-2 * r.abs().max().item()
 
 
 @gpu

@@ -68,6 +68,26 @@ def test_modules_follow_the_input_device():
     assert x.grad is not None and torch.isfinite(x.grad).all()
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_modules_keep_the_z_loss_off_cuda(reduction):
+    # the z-loss is not a torch option: the modules' torch path adds it (class dim 1, a class
+    # weight, ignored rows), as the kernels do
+    from cute_kernels.reference import cross_entropy_ref
+
+    x = torch.randn(3, 7, 5) * 3 + 4  # (N, C, d): classes on dim 1
+    t = torch.randint(0, 7, (3, 5))
+    t[0, 1] = -100
+    cw = torch.rand(7) + 0.5
+    got = ck.CrossEntropyLoss(weight=cw, reduction=reduction, lse_square_scale=0.03)(x, t)
+    want = cross_entropy_ref(x.movedim(1, -1).reshape(-1, 7), t.reshape(-1), reduction=reduction,
+                             z=0.03, weight=cw)
+    torch.testing.assert_close(got.double(), want.reshape(got.shape), rtol=1e-5, atol=1e-5)
+    h, w = torch.randn(15, 8), torch.randn(7, 8)
+    module = ck.FusedLinearCrossEntropyLoss(reduction=reduction, lse_square_scale=0.03)
+    want = cross_entropy_ref(h.double() @ w.double().t(), t.reshape(-1), reduction=reduction, z=0.03)
+    torch.testing.assert_close(module(h, w, t.reshape(-1)).double(), want, rtol=1e-5, atol=1e-5)
+
+
 # ----------------------------------------------------------------------------- disk cache
 
 

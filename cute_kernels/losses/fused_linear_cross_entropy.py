@@ -12,7 +12,7 @@ from ..gemm.config import Epilogue, GemmConfig
 from ..gemm.op import gemm_with_config
 from ..rowwise.config import row_config
 from ..rowwise.cross_entropy_op import (as_rows, check_arguments, cross_entropy_bwd, cross_entropy_fwd,
-                                        mean_scale, scale_rows)
+                                        mean_scale, scale_rows, torch_cross_entropy)
 from ..runtime import DTypeError, UnsupportedError, kernel_op
 from ..runtime.arch import sm_count
 from ..runtime.errors import describe
@@ -30,6 +30,19 @@ def chunk_rows(tokens: int, hidden: int, vocab: int, itemsize: int, free_bytes: 
     rows = max(1, budget // max(1, vocab * itemsize))
     chunk = 1 << (rows.bit_length() - 1)
     return max(1, min(tokens, max(64, chunk)))
+
+
+# Tokens per chunk when the weight gradient accumulates chunk by chunk: each chunk's update
+# reads and writes the whole (V, H) weight gradient, so chunks smaller than this cost more in
+# those read-modify-writes than the slice pass's extra GEMM.
+ACCUMULATE_ROWS = 1024
+
+
+def accumulates_by_chunks(tokens: int, vocab: int, itemsize: int, free_bytes: int) -> bool:
+    """Whether a chunk of ``ACCUMULATE_ROWS`` tokens' logits takes at most a quarter of the
+    free device memory: then the weight gradient accumulates chunk by chunk (three GEMMs per
+    chunk); otherwise it comes from the slice pass (four, but no memory beyond the gradients)."""
+    return min(tokens, ACCUMULATE_ROWS) * vocab * itemsize <= free_bytes // 4
 
 
 def _free_bytes(device: torch.device) -> int:
@@ -66,7 +79,7 @@ def _slab_in_place(flat: torch.Tensor, v0: int, tokens: int, hidden: int, vocab:
     return 0, None
 
 
-def _weight_grad_by_slices(h2, weight, bias, target, lse, scale, ignore_index, grad_w, budget,
+def _weight_grad_by_slices(h2, weight, bias, target, lse, scale, ignore_index, z, grad_w, budget,
                            logits_config):
     """grad_w[v0:v1] = G[:, v0:v1]^T @ h for vocabulary slices: each slice's logits are
     recomputed (one GEMM), turned into their gradient in place from the stored lse (the
@@ -97,7 +110,7 @@ def _weight_grad_by_slices(h2, weight, bias, target, lse, scale, ignore_index, g
         gemm_with_config(h2, weight[v0:v1].t(), logits, None if bias is None else bias[v0:v1],
                          logits_config)
         shifted = torch.where(counted, target.to(torch.int64) - v0, outside)
-        cross_entropy_bwd(logits, shifted, lse, dloss, logits, outside, 0.0, 0.0)
+        cross_entropy_bwd(logits, shifted, lse, dloss, logits, outside, 0.0, z)
         gemm_with_config(logits.t(), h2, grad_w[v0:v1], None,
                          dataclasses.replace(logits_config, epilogue=Epilogue()))
         v0 = v1
@@ -107,15 +120,16 @@ def _weight_grad_by_slices(h2, weight, bias, target, lse, scale, ignore_index, g
     "fused_linear_cross_entropy_fwd",
     mutates_args=("loss", "grad_h", "grad_w", "grad_b"),
     schema="(Tensor h2, Tensor weight, Tensor t2, Tensor? bias, Tensor(a!) loss, Tensor(b!)? grad_h, "
-    "Tensor(c!)? grad_w, Tensor(d!)? grad_b, int ignore_index, float smoothing, str reduction, "
-    "int? chunk) -> ()",
+    "Tensor(c!)? grad_w, Tensor(d!)? grad_b, int ignore_index, float smoothing, float z, "
+    "str reduction, int? chunk) -> ()",
 )
 def fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, grad_h, grad_w, grad_b,
-                                   ignore_index: int, smoothing: float, reduction: str,
+                                   ignore_index: int, smoothing: float, z: float, reduction: str,
                                    chunk: int | None) -> None:
     """The loss of (tokens, H) rows ``h2`` against (tokens,) ``t2`` into the 0-d fp32 ``loss``,
     and for an incoming gradient of 1 the gradients into those of ``grad_h`` (h2's shape),
-    ``grad_w`` (the weight's) and ``grad_b`` ((V,) fp32) that are given. The chunks and the
+    ``grad_w`` (the weight's) and ``grad_b`` ((V,) fp32) that are given; ``z`` is the z-loss
+    scale (``lse_square_scale``). The chunks and the
     slice pass are planned here, where the sizes (and the free memory) are numbers also under
     torch.compile."""
     tokens, vocab = h2.shape[0], weight.shape[0]
@@ -126,22 +140,26 @@ def fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, grad_h, grad_w, g
     lse = torch.empty(tokens, dtype=torch.float32, device=device)
     scale = (mean_scale(t2, ignore_index) if reduction == "mean"
              else torch.ones(1, dtype=torch.float32, device=device))
-    # Without label smoothing the weight gradient comes from a second pass over vocabulary
-    # slices (see ``fused_linear_cross_entropy``); otherwise it accumulates chunk by chunk.
-    by_slices = (need_w and smoothing == 0.0 and tokens > 0 and h2.dtype != torch.float32
-                 and _gemm_ready(h2) and _gemm_ready(weight))
-    if need_w and not by_slices:
+    free = _free_bytes(device)
+    itemsize = h2.element_size()
+    accumulate = accumulates_by_chunks(tokens, vocab, itemsize, free)
+    # Where a chunk of logits does not fit, the weight gradient comes from a second pass over
+    # vocabulary slices (see ``fused_linear_cross_entropy``) when the inputs allow it.
+    by_slices = (need_w and not accumulate and smoothing == 0.0 and tokens > 0
+                 and h2.dtype != torch.float32 and _gemm_ready(h2) and _gemm_ready(weight))
+    if need_w and tokens == 0:
         grad_w.zero_()
     if need_b:
         grad_b.zero_()
-    budget_rows = chunk_rows(tokens, h2.shape[1], vocab, h2.element_size(), _free_bytes(device))
-    align = 16 // h2.element_size()
+    budget_rows = chunk_rows(tokens, h2.shape[1], vocab, itemsize, free)
+    align = 16 // itemsize
     row_stride = -(-vocab // align) * align if by_slices else vocab
     # With the slice pass the weight gradient is written only after the chunks: until then
     # its storage holds the chunks' logits, so chunks can be as large as it is.
     scratch_rows = grad_w.numel() // row_stride if by_slices else 0
     if chunk is None:
-        chunk = scratch_rows if scratch_rows else budget_rows
+        chunk = (scratch_rows if by_slices
+                 else max(budget_rows, ACCUMULATE_ROWS) if accumulate else budget_rows)
     # With the slice pass, both passes compute logits with the project's GEMM in one fixed
     # configuration (same MMA instruction, same order of the K sum), so the recomputed
     # logits are bitwise the ones the lse came from: logits rounded differently would make
@@ -164,16 +182,19 @@ def fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, grad_h, grad_w, g
         else:
             torch.addmm(bias, h, w_t, out=logits)
         cross_entropy_fwd(logits, t2[start:end], loss_rows[start:end], lse[start:end],
-                          logits if grads else None, scale, ignore_index, smoothing, 0.0)
+                          logits if grads else None, scale, ignore_index, smoothing, z)
         if need_h:
             torch.mm(logits, weight, out=grad_h[start:end])
         if need_w and not by_slices:
-            grad_w.addmm_(logits.t(), h)
+            if start == 0:  # the first chunk writes the weight gradient: no zero fill
+                torch.mm(logits.t(), h, out=grad_w)
+            else:
+                grad_w.addmm_(logits.t(), h)
         if need_b:
             grad_b += logits.sum(0, dtype=torch.float32)
     if by_slices:
         del buffer, logits, h  # the chunk buffer's memory goes back before the slice pass
-        _weight_grad_by_slices(h2, weight, bias, t2, lse, scale, ignore_index, grad_w,
+        _weight_grad_by_slices(h2, weight, bias, t2, lse, scale, ignore_index, z, grad_w,
                                budget_rows * vocab, logits_config)
     total = loss_rows.sum()  # rows already divided by the counted rows for "mean"
     loss.copy_((total * scale).reshape(()) if tokens == 0 else total)  # an empty mean is NaN
@@ -183,7 +204,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
     # Takes (tokens, H) rows and (tokens,) targets (the caller reshapes): the gradients are
     # computed in the forward and scaled by the incoming gradient in the backward.
     @staticmethod
-    def forward(ctx, h2, weight, t2, bias, ignore_index, smoothing, reduction, chunk):
+    def forward(ctx, h2, weight, t2, bias, ignore_index, smoothing, z, reduction, chunk):
         device = h2.device
         loss = torch.empty((), dtype=torch.float32, device=device)
         grad_h = torch.empty_like(h2) if ctx.needs_input_grad[0] else None
@@ -191,7 +212,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         grad_b = (torch.empty(weight.shape[0], dtype=torch.float32, device=device)
                   if bias is not None and ctx.needs_input_grad[3] else None)
         fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, grad_h, grad_w, grad_b,
-                                       ignore_index, smoothing, reduction, chunk)
+                                       ignore_index, smoothing, z, reduction, chunk)
         ctx.save_for_backward(grad_h, grad_w, grad_b)
         ctx.bias_dtype = None if bias is None else bias.dtype
         return loss
@@ -206,43 +227,46 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             scale_rows(grad_w, scale)
         if grad_b is not None:
             grad_b = (grad_b * dloss).to(ctx.bias_dtype)
-        return grad_h, grad_w, None, grad_b, None, None, None, None
+        return grad_h, grad_w, None, grad_b, None, None, None, None, None
 
 
 def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: int = -100,
                                label_smoothing: float = 0.0, reduction: str = "mean",
-                               chunk_size: int | None = None):
+                               chunk_size: int | None = None, lse_square_scale: float = 0.0):
     """``cross_entropy(hidden @ weight.T + bias, target)`` without materializing the logits.
 
     Tokens are processed in chunks: the chunk's logits come from one GEMM, the cross-entropy
     kernel turns them into their gradient in place, and that gradient feeds the hidden (and
-    bias) gradients right away, so at most one chunk of logits exists at a time. The weight
-    gradient then comes from a second pass over vocabulary slices of the same size: each
-    slice's logits are recomputed, turned into their gradient from the stored lse, and
-    multiplied by the hidden states straight into that slice of the weight gradient. One GEMM
-    more than accumulating the weight gradient chunk by chunk, but no read-modify-write of the
-    (V, H) weight gradient per chunk, which is memory-bound and cost more. The weight gradient's
-    own storage, not yet written, holds the chunks' logits and then the slices' (above the
-    slice being written), so the extra memory is the two gradients and a small buffer for the
-    last slices. With label smoothing the weight gradient accumulates chunk by chunk in chunks
-    of :func:`chunk_rows` tokens. Gradients are computed during the forward and scaled by the
-    incoming gradient in the backward.
+    bias) gradients right away, so at most one chunk of logits exists at a time. Where a chunk
+    of ``ACCUMULATE_ROWS`` (1024) tokens' logits takes at most a quarter of the free device
+    memory, the weight gradient accumulates chunk by chunk as well (fp32 sums, rounded to the
+    weight's dtype once per chunk): three GEMMs per chunk. Otherwise it comes from a second
+    pass over vocabulary slices: each slice's logits are recomputed, turned into their gradient
+    from the stored lse, and multiplied by the hidden states straight into that slice of the
+    weight gradient. One GEMM more, but the weight gradient's own storage, not yet written,
+    holds the chunks' logits and then the slices' (above the slice being written), so the
+    memory beyond the two gradients is a small buffer for the last slices. Gradients are
+    computed during the forward and scaled by the incoming gradient in the backward.
 
     Args:
         hidden: (..., H) CUDA tensor, float32 / float16 / bfloat16.
         weight: (V, H), hidden's dtype.  bias: optional (V,).
         target: (...) int64 / int32 class indices.
         reduction: "mean" or "sum".
-        chunk_size: tokens per chunk (default: as many as the weight gradient's storage holds
-            with the slice pass, else :func:`chunk_rows`; a larger one gets its own buffer).
+        lse_square_scale: z-loss, adds ``lse_square_scale * lse^2`` per counted row (as
+            :func:`cross_entropy`; Liger's argument of that name).
+        chunk_size: tokens per chunk (default: at least ``ACCUMULATE_ROWS`` when accumulating,
+            as many as the weight gradient's storage holds with the slice pass, else
+            :func:`chunk_rows`; a larger one gets its own buffer).
 
     Constraints:
-      - the weight gradient accumulates chunk by chunk in the weight's dtype (instead of the
-        second pass) with label smoothing, float32 inputs, or hidden / weight rows that are not
-        16-byte aligned
+      - with too little free memory for a chunk of 1024 tokens' logits, the slice pass runs for
+        16-bit inputs without label smoothing whose hidden / weight rows are 16-byte aligned;
+        other inputs then accumulate in chunks of :func:`chunk_rows` tokens
       - V up to 524288; label smoothing as in :func:`cross_entropy`
     """
-    check_arguments(hidden, target, ignore_index, label_smoothing, reduction, 0.0, what="hidden")
+    check_arguments(hidden, target, ignore_index, label_smoothing, reduction, lse_square_scale,
+                    what="hidden")
     if reduction == "none":
         raise UnsupportedError("fused_linear_cross_entropy supports reduction='mean' or 'sum'")
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
@@ -263,8 +287,8 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: 
         raise UnsupportedError(f"chunk_size must be a positive int, got {chunk_size!r}")
     row_config(weight.shape[0], 1, 4, tensors_held=1)
     return _FusedLinearCrossEntropy.apply(as_rows(hidden), weight, target.reshape(-1), bias,
-                                          ignore_index, float(label_smoothing), reduction,
-                                          chunk_size)
+                                          ignore_index, float(label_smoothing),
+                                          float(lse_square_scale), reduction, chunk_size)
 
 
 class FusedLinearCrossEntropyLoss(torch.nn.Module):
@@ -272,20 +296,21 @@ class FusedLinearCrossEntropyLoss(torch.nn.Module):
     logits (:func:`fused_linear_cross_entropy`). ``forward(hidden, weight, target, bias=None)``.
 
     Like every module of the library it follows its input's device: off CUDA it computes
-    ``F.cross_entropy(F.linear(hidden, weight, bias), target)`` with torch."""
+    ``F.cross_entropy(F.linear(hidden, weight, bias), target)`` (plus the z-loss) with torch."""
 
     def __init__(self, ignore_index: int = -100, label_smoothing: float = 0.0,
-                 reduction: str = "mean", chunk_size: int | None = None):
+                 reduction: str = "mean", chunk_size: int | None = None,
+                 lse_square_scale: float = 0.0):
         super().__init__()
         self.ignore_index, self.label_smoothing = ignore_index, label_smoothing
         self.reduction, self.chunk_size = reduction, chunk_size
+        self.lse_square_scale = lse_square_scale
 
     def forward(self, hidden, weight, target, bias=None):
         if not hidden.is_cuda:
-            logits = torch.nn.functional.linear(hidden, weight, bias)
-            return torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]).float(), target.reshape(-1),
-                ignore_index=self.ignore_index, label_smoothing=self.label_smoothing,
-                reduction=self.reduction)
+            return torch_cross_entropy(torch.nn.functional.linear(hidden, weight, bias), target,
+                                       self.ignore_index, self.label_smoothing, self.reduction,
+                                       self.lse_square_scale)
         return fused_linear_cross_entropy(hidden, weight, target, bias, self.ignore_index,
-                                          self.label_smoothing, self.reduction, self.chunk_size)
+                                          self.label_smoothing, self.reduction, self.chunk_size,
+                                          self.lse_square_scale)

@@ -145,6 +145,28 @@ def as_rows(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1, t.shape[-1])
 
 
+def torch_cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.0, reduction="mean",
+                        lse_square_scale=0.0, weight=None):
+    """What :func:`cross_entropy` computes, with torch (the modules' path off CUDA): class
+    dim last, fp32 at least; the z-loss ``lse_square_scale * lse^2`` per counted row, times
+    the row's class weight."""
+    x = logits.reshape(-1, logits.shape[-1])
+    x = x if x.dtype == torch.float64 else x.float()
+    t = target.reshape(-1)
+    loss = torch.nn.functional.cross_entropy(x, t, weight=weight, ignore_index=ignore_index,
+                                             label_smoothing=label_smoothing, reduction=reduction)
+    if not lse_square_scale:
+        return loss.reshape(target.shape) if reduction == "none" else loss
+    counted = t != ignore_index
+    row_weight = counted.to(x.dtype)
+    if weight is not None:
+        row_weight = row_weight * weight.to(x.dtype)[torch.where(counted, t, 0)]
+    z = lse_square_scale * torch.logsumexp(x, -1).square() * row_weight
+    if reduction == "none":
+        return (loss + z).reshape(target.shape)
+    return loss + (z.sum() if reduction == "sum" else z.sum() / row_weight.sum())
+
+
 def mean_scale(t2: torch.Tensor, ignore_index: int) -> torch.Tensor:
     """(1,) fp32: 1 / the number of counted targets (inf when none), computed on the device."""
     scale = torch.empty(1, dtype=torch.float32, device=t2.device)

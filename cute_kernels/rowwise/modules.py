@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .cross_entropy_op import cross_entropy
+from .cross_entropy_op import cross_entropy, torch_cross_entropy
 from .norm_op import layer_norm, rms_norm
 
 
@@ -77,8 +77,12 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
         self.inplace_backward = inplace_backward
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        if not input.is_cuda or target.is_floating_point():
+        if target.is_floating_point() or (not input.is_cuda and not self.lse_square_scale):
             return super().forward(input, target)
+        if not input.is_cuda:
+            logits = input.movedim(1, -1) if input.dim() > 2 else input
+            return torch_cross_entropy(logits, target, self.ignore_index, self.label_smoothing,
+                                       self.reduction, self.lse_square_scale, self.weight)
         logits = input.movedim(1, -1) if input.dim() > 2 else input
         return cross_entropy(logits, target, self.ignore_index, self.label_smoothing,
                              self.reduction, self.lse_square_scale, self.inplace_backward,
