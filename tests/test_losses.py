@@ -81,10 +81,10 @@ class _KernelsInTorch:
     @staticmethod
     def cross_entropy_bwd(logits, target, lse, dloss, grad, ignore_index, smoothing, z):
         x = logits.double()
-        g = torch.exp(x - lse[:, None].double()) * (1 + 2 * z * lse[:, None].double())
+        g = torch.exp(x - lse[:, None].double()) * (1 + 2 * z * lse[:, None].double()) - smoothing / x.shape[1]
         inside = (target >= 0) & (target < x.shape[1])
         rows = torch.arange(len(target))[inside]
-        g[rows, target[inside]] -= 1
+        g[rows, target[inside]] -= 1 - smoothing
         grad.copy_(torch.where((target != ignore_index)[:, None], g, 0.0) * dloss[:, None])
 
     @staticmethod
@@ -120,7 +120,8 @@ def test_fused_linear_cross_entropy_planning_on_cpu(monkeypatch, free, dtype, to
     loss = torch.full((), float("nan"))
     grads = [torch.full_like(h, float("nan")), torch.full_like(w, float("nan")),
              torch.full((vocab,), float("nan"))]
-    flce.fused_linear_cross_entropy_fwd(h, w, t, b, loss, *grads, -100, smoothing, z, "mean", chunk)
+    flce.fused_linear_cross_entropy_fwd(h, w, t, b, loss, None, *grads, -100, smoothing, z, "mean",
+                                        chunk)
     params = [p.double().requires_grad_() for p in (h, w, b)]
     ref = ref_ce(params[0] @ params[1].t() + params[2], t, smoothing=smoothing, z=z)
     if not tokens:
@@ -131,6 +132,43 @@ def test_fused_linear_cross_entropy_planning_on_cpu(monkeypatch, free, dtype, to
     assert abs(loss.item() - ref.item()) <= tolerance / 10 * abs(ref.item())
     for g, r in zip(grads, refs):
         assert (g.double() - r).abs().max().item() <= tolerance * r.abs().max().item()
+
+
+@pytest.mark.parametrize("free", [1 << 40, 1 << 20], ids=["memory", "tight"])
+@pytest.mark.parametrize("tokens,hidden,vocab,smoothing,z,chunk",
+                         [(2100, 64, 501, 0.0, 0.0, None), (333, 32, 777, 0.1, 1e-2, None),
+                          (100, 64, 300, 0.0, 0.0, 7), (0, 16, 40, 0.0, 0.0, None)])
+def test_fused_linear_cross_entropy_per_row_on_cpu(monkeypatch, free, tokens, hidden, vocab, smoothing,
+                                                   z, chunk):
+    # reduction "none": per-row losses and lse in the forward, the gradients in the backward op
+    # for per-row incoming gradients (chunks, tails, ignored rows), against float64 autograd
+    from cute_kernels.losses import fused_linear_cross_entropy as flce
+
+    for name in ("cross_entropy_fwd", "cross_entropy_bwd", "mean_scale", "gemm_with_config"):
+        monkeypatch.setattr(flce, name, getattr(_KernelsInTorch, name))
+    monkeypatch.setattr(flce, "sm_count", lambda index: 132)
+    monkeypatch.setattr(flce, "_free_bytes", lambda device: free)
+    h = torch.randn(tokens, hidden, dtype=torch.float32)
+    w = torch.randn(vocab, hidden) / 4
+    b = torch.randn(vocab)
+    t = torch.randint(0, vocab, (tokens,))
+    t[::5] = -100
+    dloss = torch.randn(tokens)
+    loss, lse = torch.full((tokens,), float("nan")), torch.full((tokens,), float("nan"))
+    flce.fused_linear_cross_entropy_fwd(h, w, t, b, loss, lse, None, None, None, -100, smoothing, z,
+                                        "none", chunk)
+    grads = [torch.full_like(h, float("nan")), torch.full_like(w, float("nan")),
+             torch.full((vocab,), float("nan"))]
+    flce.fused_linear_cross_entropy_bwd(h, w, t, b, lse, dloss, *grads, -100, smoothing, z, chunk)
+    params = [p.double().requires_grad_() for p in (h, w, b)]
+    ref = ref_ce(params[0] @ params[1].t() + params[2], t, smoothing=smoothing, z=z, reduction="none")
+    torch.testing.assert_close(loss.double(), ref.detach(), rtol=1e-5, atol=1e-5)
+    if not tokens:
+        assert not grads[1].any() and not grads[2].any()
+        return
+    refs = torch.autograd.grad(ref, params, dloss.double())
+    for g, r in zip(grads, refs):
+        assert (g.double() - r).abs().max().item() <= 1e-5 * r.abs().max().item()
 
 
 # ---------------------------------------------------------------- GPU
@@ -455,6 +493,34 @@ def test_fused_linear_cross_entropy_peak_memory(monkeypatch, slices):
 
 
 @gpu
+@pytest.mark.parametrize("bias", [False, True])
+def test_fused_linear_cross_entropy_per_token_losses(bias):
+    # reduction "none": (batch, seq) losses, a per-token incoming gradient (as a weighted or
+    # masked loss has), chunks of 1024 and a tail, smoothing and z-loss, ignored tokens (0)
+    b_, s_, hidden, vocab = 3, 700, 128, 3001
+    h = torch.randn(b_, s_, hidden, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    w = (torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16) / 8).requires_grad_()
+    b = torch.randn(vocab, device="cuda", dtype=torch.bfloat16, requires_grad=True) if bias else None
+    t = torch.randint(0, vocab, (b_, s_), device="cuda")
+    t[:, ::6] = -100
+    loss = ck.fused_linear_cross_entropy(h, w, t, b, reduction="none", label_smoothing=0.05,
+                                         lse_square_scale=1e-3)
+    assert loss.shape == t.shape and loss.dtype == torch.float32
+    assert (loss[t == -100] == 0).all()
+    dloss = torch.rand(b_, s_, device="cuda")
+    params = [h, w] + ([b] if bias else [])
+    grads = torch.autograd.grad(loss, params, dloss)
+    p64 = [p.detach().double().requires_grad_() for p in params]
+    logits = p64[0].reshape(-1, hidden) @ p64[1].t() + (p64[2] if bias else 0)
+    ref = ref_ce(logits, t.reshape(-1), smoothing=0.05, z=1e-3, reduction="none").reshape(t.shape)
+    refs = torch.autograd.grad(ref, p64, dloss.double())
+    assert (loss.double() - ref).abs().max().item() <= 2e-2
+    for g, r in zip(grads, refs):
+        assert not g.isnan().any()
+        assert (g.double() - r).abs().max().item() <= 2e-2 * r.abs().max().item()
+
+
+@gpu
 @pytest.mark.parametrize("smoothing,z", [(0.0, 0.0), (0.1, 0.0), (0.0, 1e-2)])
 def test_fused_linear_cross_entropy_default_chunks_against_float64(smoothing, z):
     # The default plan with memory to spare: chunks of 1024 tokens and a 4-token tail, the
@@ -493,4 +559,4 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ck.UnsupportedError, match="weight"):
         ck.fused_linear_cross_entropy(x, torch.randn(7, 11, device="cuda"), t)
     with pytest.raises(ck.UnsupportedError, match="reduction"):
-        ck.fused_linear_cross_entropy(x, torch.randn(7, 10, device="cuda"), t, reduction="none")
+        ck.fused_linear_cross_entropy(x, torch.randn(7, 10, device="cuda"), t, reduction="avg")

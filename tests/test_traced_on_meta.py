@@ -83,6 +83,10 @@ CASES = {
         [lambda: (meta(64, 256), meta(1024, 256), targets(64), None),
          lambda: (meta(2, 50, 256), meta(2048, 256), targets(2, 50), meta(2048)),
          lambda: (meta(37, 512), meta(1000, 512), targets(37), None)]),
+    "fused_linear_cross_entropy_per_token": (
+        lambda h, w, t: ck.fused_linear_cross_entropy(h, w, t, reduction="none").sum(),
+        [lambda: (meta(64, 256), meta(1024, 256), targets(64)),
+         lambda: (meta(2, 50, 256), meta(2048, 256), targets(2, 50))]),
     "gemm": (lambda a, b: ck.gemm(a, b).float().sum(), [lambda: (meta(128, 64), meta(64, 256)),
                                                         lambda: (meta(200, 128), meta(128, 512))]),
     "flash_attn": (lambda q, k, v: ck.flash_attn(q, k, v, causal=True).float().sum(),

@@ -118,26 +118,28 @@ def _weight_grad_by_slices(h2, weight, bias, target, lse, scale, ignore_index, z
 
 @kernel_op(
     "fused_linear_cross_entropy_fwd",
-    mutates_args=("loss", "grad_h", "grad_w", "grad_b"),
-    schema="(Tensor h2, Tensor weight, Tensor t2, Tensor? bias, Tensor(a!) loss, Tensor(b!)? grad_h, "
-    "Tensor(c!)? grad_w, Tensor(d!)? grad_b, int ignore_index, float smoothing, float z, "
-    "str reduction, int? chunk) -> ()",
+    mutates_args=("loss", "lse", "grad_h", "grad_w", "grad_b"),
+    schema="(Tensor h2, Tensor weight, Tensor t2, Tensor? bias, Tensor(a!) loss, Tensor(e!)? lse, "
+    "Tensor(b!)? grad_h, Tensor(c!)? grad_w, Tensor(d!)? grad_b, int ignore_index, float smoothing, "
+    "float z, str reduction, int? chunk) -> ()",
 )
-def fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, grad_h, grad_w, grad_b,
+def fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, lse, grad_h, grad_w, grad_b,
                                    ignore_index: int, smoothing: float, z: float, reduction: str,
                                    chunk: int | None) -> None:
-    """The loss of (tokens, H) rows ``h2`` against (tokens,) ``t2`` into the 0-d fp32 ``loss``,
-    and for an incoming gradient of 1 the gradients into those of ``grad_h`` (h2's shape),
-    ``grad_w`` (the weight's) and ``grad_b`` ((V,) fp32) that are given; ``z`` is the z-loss
-    scale (``lse_square_scale``). The chunks and the
-    slice pass are planned here, where the sizes (and the free memory) are numbers also under
-    torch.compile."""
+    """The loss of (tokens, H) rows ``h2`` against (tokens,) ``t2`` into the fp32 ``loss``
+    (0-d; (tokens,) per-row losses with reduction "none"), each row's lse into ``lse`` when
+    given, and for an incoming gradient of 1 the gradients into those of ``grad_h`` (h2's
+    shape), ``grad_w`` (the weight's) and ``grad_b`` ((V,) fp32) that are given; ``z`` is the
+    z-loss scale (``lse_square_scale``). The chunks and the slice pass are planned here, where
+    the sizes (and the free memory) are numbers also under torch.compile."""
     tokens, vocab = h2.shape[0], weight.shape[0]
     device = h2.device
     need_h, need_w, need_b = grad_h is not None, grad_w is not None, grad_b is not None
     grads = need_h or need_w or need_b
-    loss_rows = torch.empty(tokens, dtype=torch.float32, device=device)
-    lse = torch.empty(tokens, dtype=torch.float32, device=device)
+    per_row = reduction == "none"
+    loss_rows = loss if per_row else torch.empty(tokens, dtype=torch.float32, device=device)
+    if lse is None:
+        lse = torch.empty(tokens, dtype=torch.float32, device=device)
     scale = (mean_scale(t2, ignore_index) if reduction == "mean"
              else torch.ones(1, dtype=torch.float32, device=device))
     free = _free_bytes(device)
@@ -158,8 +160,7 @@ def fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, grad_h, grad_w, g
     # its storage holds the chunks' logits, so chunks can be as large as it is.
     scratch_rows = grad_w.numel() // row_stride if by_slices else 0
     if chunk is None:
-        chunk = (scratch_rows if by_slices
-                 else max(budget_rows, ACCUMULATE_ROWS) if accumulate else budget_rows)
+        chunk = scratch_rows if by_slices else _accumulating_chunk(budget_rows, accumulate)
     # With the slice pass, both passes compute logits with the project's GEMM in one fixed
     # configuration (same MMA instruction, same order of the K sum), so the recomputed
     # logits are bitwise the ones the lse came from: logits rounded differently would make
@@ -177,27 +178,83 @@ def fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, grad_h, grad_w, g
         h, logits = h2[start:end], buffer[: end - start, :vocab]
         if by_slices:
             gemm_with_config(h, w_t, logits, bias, logits_config)
-        elif bias is None:
-            torch.mm(h, w_t, out=logits)
         else:
-            torch.addmm(bias, h, w_t, out=logits)
+            _logits(h, w_t, bias, logits)
         cross_entropy_fwd(logits, t2[start:end], loss_rows[start:end], lse[start:end],
                           logits if grads else None, scale, ignore_index, smoothing, z)
-        if need_h:
-            torch.mm(logits, weight, out=grad_h[start:end])
-        if need_w and not by_slices:
-            if start == 0:  # the first chunk writes the weight gradient: no zero fill
-                torch.mm(logits.t(), h, out=grad_w)
-            else:
-                grad_w.addmm_(logits.t(), h)
-        if need_b:
-            grad_b += logits.sum(0, dtype=torch.float32)
+        _chunk_gradients(logits, h, weight, start, grad_h, None if by_slices else grad_w, grad_b)
     if by_slices:
         del buffer, logits, h  # the chunk buffer's memory goes back before the slice pass
         _weight_grad_by_slices(h2, weight, bias, t2, lse, scale, ignore_index, z, grad_w,
                                budget_rows * vocab, logits_config)
-    total = loss_rows.sum()  # rows already divided by the counted rows for "mean"
-    loss.copy_((total * scale).reshape(()) if tokens == 0 else total)  # an empty mean is NaN
+    if not per_row:
+        total = loss_rows.sum()  # rows already divided by the counted rows for "mean"
+        loss.copy_((total * scale).reshape(()) if tokens == 0 else total)  # an empty mean is NaN
+
+
+@kernel_op(
+    "fused_linear_cross_entropy_bwd",
+    mutates_args=("grad_h", "grad_w", "grad_b"),
+    schema="(Tensor h2, Tensor weight, Tensor t2, Tensor? bias, Tensor lse, Tensor dloss, "
+    "Tensor(b!)? grad_h, Tensor(c!)? grad_w, Tensor(d!)? grad_b, int ignore_index, float smoothing, "
+    "float z, int? chunk) -> ()",
+)
+def fused_linear_cross_entropy_bwd(h2, weight, t2, bias, lse, dloss, grad_h, grad_w, grad_b,
+                                   ignore_index: int, smoothing: float, z: float,
+                                   chunk: int | None) -> None:
+    """The gradients of per-row losses (reduction "none") for (tokens,) fp32 incoming
+    gradients ``dloss``, from the forward's lse: each chunk's logits are computed again,
+    turned into their gradient in place and fed to the gradients that are given (as the
+    forward's chunk-by-chunk accumulation does)."""
+    tokens, vocab = h2.shape[0], weight.shape[0]
+    if grad_w is not None and tokens == 0:
+        grad_w.zero_()
+    if grad_b is not None:
+        grad_b.zero_()
+    if tokens == 0:
+        return
+    itemsize = h2.element_size()
+    free = _free_bytes(h2.device)
+    if chunk is None:
+        chunk = _accumulating_chunk(chunk_rows(tokens, h2.shape[1], vocab, itemsize, free),
+                                    accumulates_by_chunks(tokens, vocab, itemsize, free))
+    buffer = torch.empty((min(chunk, tokens), vocab), dtype=h2.dtype, device=h2.device)
+    w_t = weight.t()
+    for start in range(0, tokens, chunk):
+        end = min(start + chunk, tokens)
+        h, logits = h2[start:end], buffer[: end - start]
+        _logits(h, w_t, bias, logits)
+        cross_entropy_bwd(logits, t2[start:end], lse[start:end], dloss[start:end], logits,
+                          ignore_index, smoothing, z)
+        _chunk_gradients(logits, h, weight, start, grad_h, grad_w, grad_b)
+
+
+def _accumulating_chunk(budget_rows: int, accumulate: bool) -> int:
+    """Tokens per chunk when the weight gradient accumulates chunk by chunk."""
+    return max(budget_rows, ACCUMULATE_ROWS) if accumulate else budget_rows
+
+
+def _logits(h, w_t, bias, logits) -> None:
+    """logits = h @ w_t (+ bias), with cuBLAS."""
+    if bias is None:
+        torch.mm(h, w_t, out=logits)
+    else:
+        torch.addmm(bias, h, w_t, out=logits)
+
+
+def _chunk_gradients(grad_logits, h, weight, start, grad_h, grad_w, grad_b) -> None:
+    """A chunk's share of the gradients that are given, from its logits' gradient: its rows
+    of ``grad_h``; added to ``grad_w`` (written by the first chunk: no zero fill) and to the
+    fp32 ``grad_b``."""
+    if grad_h is not None:
+        torch.mm(grad_logits, weight, out=grad_h[start: start + grad_logits.shape[0]])
+    if grad_w is not None:
+        if start == 0:
+            torch.mm(grad_logits.t(), h, out=grad_w)
+        else:
+            grad_w.addmm_(grad_logits.t(), h)
+    if grad_b is not None:
+        grad_b += grad_logits.sum(0, dtype=torch.float32)
 
 
 class _FusedLinearCrossEntropy(torch.autograd.Function):
@@ -211,7 +268,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         grad_w = torch.empty_like(weight) if ctx.needs_input_grad[1] else None
         grad_b = (torch.empty(weight.shape[0], dtype=torch.float32, device=device)
                   if bias is not None and ctx.needs_input_grad[3] else None)
-        fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, grad_h, grad_w, grad_b,
+        fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, None, grad_h, grad_w, grad_b,
                                        ignore_index, smoothing, z, reduction, chunk)
         ctx.save_for_backward(grad_h, grad_w, grad_b)
         ctx.bias_dtype = None if bias is None else bias.dtype
@@ -230,6 +287,35 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         return grad_h, grad_w, None, grad_b, None, None, None, None, None
 
 
+class _FusedLinearCrossEntropyPerRow(torch.autograd.Function):
+    # reduction "none": (tokens,) losses; the backward computes the gradients for its
+    # per-row incoming gradient from the stored lse (the logits once more).
+    @staticmethod
+    def forward(ctx, h2, weight, t2, bias, ignore_index, smoothing, z, chunk):
+        loss = torch.empty(h2.shape[0], dtype=torch.float32, device=h2.device)
+        lse = torch.empty(h2.shape[0], dtype=torch.float32, device=h2.device)
+        fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, lse, None, None, None,
+                                       ignore_index, smoothing, z, "none", chunk)
+        ctx.save_for_backward(h2, weight, t2, bias, lse)
+        ctx.ignore_index, ctx.smoothing, ctx.z, ctx.chunk = ignore_index, smoothing, z, chunk
+        return loss
+
+    @staticmethod
+    def backward(ctx, dloss):
+        h2, weight, t2, bias, lse = ctx.saved_tensors
+        need_h, need_w, _, need_b = ctx.needs_input_grad[:4]
+        grad_h = torch.empty_like(h2) if need_h else None
+        grad_w = torch.empty_like(weight) if need_w else None
+        grad_b = (torch.empty(weight.shape[0], dtype=torch.float32, device=h2.device)
+                  if bias is not None and need_b else None)
+        fused_linear_cross_entropy_bwd(h2, weight, t2, bias, lse, dloss.float().contiguous(),
+                                       grad_h, grad_w, grad_b, ctx.ignore_index, ctx.smoothing,
+                                       ctx.z, ctx.chunk)
+        if grad_b is not None:
+            grad_b = grad_b.to(bias.dtype)
+        return grad_h, grad_w, None, grad_b, None, None, None, None
+
+
 def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: int = -100,
                                label_smoothing: float = 0.0, reduction: str = "mean",
                                chunk_size: int | None = None, lse_square_scale: float = 0.0):
@@ -245,14 +331,18 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: 
     from the stored lse, and multiplied by the hidden states straight into that slice of the
     weight gradient. One GEMM more, but the weight gradient's own storage, not yet written,
     holds the chunks' logits and then the slices' (above the slice being written), so the
-    memory beyond the two gradients is a small buffer for the last slices. Gradients are
-    computed during the forward and scaled by the incoming gradient in the backward.
+    memory beyond the two gradients is a small buffer for the last slices. With reduction
+    "mean" or "sum" the gradients are computed during the forward and scaled by the incoming
+    gradient in the backward; with "none" the backward computes them for its per-token
+    incoming gradient (the logits' GEMM once more, the weight gradient chunk by chunk).
 
     Args:
         hidden: (..., H) CUDA tensor, float32 / float16 / bfloat16.
         weight: (V, H), hidden's dtype.  bias: optional (V,).
         target: (...) int64 / int32 class indices.
-        reduction: "mean" or "sum".
+        reduction: "mean", "sum" or "none" ((...) fp32 losses per token, 0 for ignored
+            ones; the gradients then come from the backward, which computes each chunk's
+            logits once more for its per-token incoming gradient).
         lse_square_scale: z-loss, adds ``lse_square_scale * lse^2`` per counted row (as
             :func:`cross_entropy`; Liger's argument of that name).
         chunk_size: tokens per chunk (default: at least ``ACCUMULATE_ROWS`` when accumulating,
@@ -267,8 +357,6 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: 
     """
     check_arguments(hidden, target, ignore_index, label_smoothing, reduction, lse_square_scale,
                     what="hidden")
-    if reduction == "none":
-        raise UnsupportedError("fused_linear_cross_entropy supports reduction='mean' or 'sum'")
     if not isinstance(weight, torch.Tensor) or weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
         raise UnsupportedError(
             f"weight must be (V, H) with H = hidden.shape[-1] = {hidden.shape[-1]}, got "
@@ -286,6 +374,11 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: 
     if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise UnsupportedError(f"chunk_size must be a positive int, got {chunk_size!r}")
     row_config(weight.shape[0], 1, 4, tensors_held=1)
+    if reduction == "none":
+        loss = _FusedLinearCrossEntropyPerRow.apply(as_rows(hidden), weight, target.reshape(-1), bias,
+                                                    ignore_index, float(label_smoothing),
+                                                    float(lse_square_scale), chunk_size)
+        return loss.reshape(target.shape)
     return _FusedLinearCrossEntropy.apply(as_rows(hidden), weight, target.reshape(-1), bias,
                                           ignore_index, float(label_smoothing),
                                           float(lse_square_scale), reduction, chunk_size)
