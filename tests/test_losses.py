@@ -521,6 +521,30 @@ def test_fused_linear_cross_entropy_per_token_losses(bias):
 
 
 @gpu
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_fused_linear_cross_entropy_class_weights(reduction):
+    # per-class weights (F.cross_entropy's ``weight``): weighted tokens, the weighted mean,
+    # z-loss weighted with its row, ignored tokens, an incoming gradient != 1
+    tokens, hidden, vocab = 1500, 128, 2003
+    h = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16).requires_grad_()
+    w = (torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16) / 8).requires_grad_()
+    cw = torch.rand(vocab, device="cuda") + 0.1
+    t = torch.randint(0, vocab, (tokens,), device="cuda")
+    t[::4] = -100
+    loss = ck.fused_linear_cross_entropy(h, w, t, reduction=reduction, lse_square_scale=1e-3,
+                                         ce_weight=cw)
+    upstream = torch.rand_like(loss) + 0.5
+    grads = torch.autograd.grad(loss, [h, w], upstream)
+    p64 = [p.detach().double().requires_grad_() for p in (h, w)]
+    ref = ref_ce(p64[0] @ p64[1].t(), t, reduction=reduction, z=1e-3, weight=cw.double())
+    refs = torch.autograd.grad(ref, p64, upstream.double())
+    assert (loss.double() - ref).abs().max().item() <= 1e-2 * ref.abs().max().item()
+    for g, r in zip(grads, refs):
+        assert not g.isnan().any()
+        assert (g.double() - r).abs().max().item() <= 2e-2 * r.abs().max().item()
+
+
+@gpu
 @pytest.mark.parametrize("smoothing,z", [(0.0, 0.0), (0.1, 0.0), (0.0, 1e-2)])
 def test_fused_linear_cross_entropy_default_chunks_against_float64(smoothing, z):
     # The default plan with memory to spare: chunks of 1024 tokens and a 4-token tail, the
@@ -560,3 +584,9 @@ def test_bad_inputs_raise_clear_errors():
         ck.fused_linear_cross_entropy(x, torch.randn(7, 11, device="cuda"), t)
     with pytest.raises(ck.UnsupportedError, match="reduction"):
         ck.fused_linear_cross_entropy(x, torch.randn(7, 10, device="cuda"), t, reduction="avg")
+    with pytest.raises(ck.UnsupportedError, match="ce_weight"):
+        ck.fused_linear_cross_entropy(x, torch.randn(7, 10, device="cuda"), t,
+                                      ce_weight=torch.ones(6, device="cuda"))
+    with pytest.raises(ck.UnsupportedError, match="ce_weight with label_smoothing"):
+        ck.fused_linear_cross_entropy(x, torch.randn(7, 10, device="cuda"), t, label_smoothing=0.1,
+                                      ce_weight=torch.ones(7, device="cuda"))

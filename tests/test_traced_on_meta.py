@@ -14,7 +14,7 @@ import cute_kernels as ck
 BF16 = torch.bfloat16
 CHECKED_MODULES = ("attention.op", "attention.packed", "gemm.op", "quant.int8", "quant.nvfp4",
                    "quant.nvfp4_gemm", "rowwise.softmax_op", "rowwise.cross_entropy_op",
-                   "rowwise.norm_op")
+                   "rowwise.norm_op", "losses.fused_linear_cross_entropy")
 
 
 @pytest.fixture
@@ -84,7 +84,8 @@ CASES = {
          lambda: (meta(2, 50, 256), meta(2048, 256), targets(2, 50), meta(2048)),
          lambda: (meta(37, 512), meta(1000, 512), targets(37), None)]),
     "fused_linear_cross_entropy_per_token": (
-        lambda h, w, t: ck.fused_linear_cross_entropy(h, w, t, reduction="none").sum(),
+        lambda h, w, t: (ck.fused_linear_cross_entropy(h, w, t, reduction="none").sum()
+                         + ck.fused_linear_cross_entropy(h, w, t, ce_weight=w[:, 0].float())),
         [lambda: (meta(64, 256), meta(1024, 256), targets(64)),
          lambda: (meta(2, 50, 256), meta(2048, 256), targets(2, 50))]),
     "gemm": (lambda a, b: ck.gemm(a, b).float().sum(), [lambda: (meta(128, 64), meta(64, 256)),

@@ -11,11 +11,11 @@ import torch
 from ..gemm.config import Epilogue, GemmConfig
 from ..gemm.op import gemm_with_config
 from ..rowwise.config import row_config
-from ..rowwise.cross_entropy_op import (as_rows, check_arguments, cross_entropy_bwd, cross_entropy_fwd,
-                                        mean_scale, scale_rows, torch_cross_entropy)
+from ..rowwise.cross_entropy_op import (FLOAT_DTYPES, as_rows, check_arguments, cross_entropy_bwd,
+                                        cross_entropy_fwd, mean_scale, scale_rows, torch_cross_entropy)
 from ..runtime import DTypeError, UnsupportedError, kernel_op
 from ..runtime.arch import sm_count
-from ..runtime.errors import describe
+from ..runtime.errors import check_tensor, describe
 
 
 def chunk_rows(tokens: int, hidden: int, vocab: int, itemsize: int, free_bytes: int) -> int:
@@ -316,9 +316,22 @@ class _FusedLinearCrossEntropyPerRow(torch.autograd.Function):
         return grad_h, grad_w, None, grad_b, None, None, None, None
 
 
+def _weighted(rows, t2, ce_weight, ignore_index: int, reduction: str) -> torch.Tensor:
+    """Per-token losses times their class weight (0 for ignored tokens), reduced as torch's
+    weighted cross-entropy: "mean" divides by the counted tokens' summed weights."""
+    counted = t2 != ignore_index
+    picked = ce_weight.detach().float()[torch.where(counted, t2, 0).clamp(0, ce_weight.shape[0] - 1)]
+    row_weight = torch.where(counted, picked, 0.0)
+    weighted = rows * row_weight
+    if reduction == "none":
+        return weighted
+    return weighted.sum() if reduction == "sum" else weighted.sum() / row_weight.sum()
+
+
 def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: int = -100,
                                label_smoothing: float = 0.0, reduction: str = "mean",
-                               chunk_size: int | None = None, lse_square_scale: float = 0.0):
+                               chunk_size: int | None = None, lse_square_scale: float = 0.0,
+                               ce_weight: torch.Tensor | None = None):
     """``cross_entropy(hidden @ weight.T + bias, target)`` without materializing the logits.
 
     Tokens are processed in chunks: the chunk's logits come from one GEMM, the cross-entropy
@@ -345,6 +358,10 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: 
             logits once more for its per-token incoming gradient).
         lse_square_scale: z-loss, adds ``lse_square_scale * lse^2`` per counted row (as
             :func:`cross_entropy`; Liger's argument of that name).
+        ce_weight: optional (V,) per-class weights, as ``F.cross_entropy``'s ``weight``: each
+            token's loss (its z-loss term included) times ``ce_weight[target]``, "mean" divided
+            by the counted tokens' summed weights (NaN when 0). The gradients then come from
+            the backward, as with reduction "none". Not with label smoothing; no gradient.
         chunk_size: tokens per chunk (default: at least ``ACCUMULATE_ROWS`` when accumulating,
             as many as the weight gradient's storage holds with the slice pass, else
             :func:`chunk_rows`; a larger one gets its own buffer).
@@ -373,13 +390,25 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: 
         )
     if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
         raise UnsupportedError(f"chunk_size must be a positive int, got {chunk_size!r}")
+    if ce_weight is not None:
+        check_tensor("ce_weight", ce_weight, FLOAT_DTYPES, hidden)
+        if tuple(ce_weight.shape) != (weight.shape[0],):
+            raise UnsupportedError(f"ce_weight must have shape ({weight.shape[0]},) (one value per "
+                                   f"class), got {tuple(ce_weight.shape)}")
+        if float(label_smoothing) > 0:
+            raise UnsupportedError(f"ce_weight with label_smoothing={label_smoothing} is not "
+                                   "supported; use one or the other")
     row_config(weight.shape[0], 1, 4, tensors_held=1)
-    if reduction == "none":
-        loss = _FusedLinearCrossEntropyPerRow.apply(as_rows(hidden), weight, target.reshape(-1), bias,
-                                                    ignore_index, float(label_smoothing),
-                                                    float(lse_square_scale), chunk_size)
-        return loss.reshape(target.shape)
-    return _FusedLinearCrossEntropy.apply(as_rows(hidden), weight, target.reshape(-1), bias,
+    t2 = target.reshape(-1)
+    if reduction == "none" or ce_weight is not None:
+        rows = _FusedLinearCrossEntropyPerRow.apply(as_rows(hidden), weight, t2, bias, ignore_index,
+                                                    float(label_smoothing), float(lse_square_scale),
+                                                    chunk_size)
+        if ce_weight is None:
+            return rows.reshape(target.shape)
+        return _weighted(rows, t2, ce_weight, ignore_index, reduction).reshape(
+            target.shape if reduction == "none" else ())
+    return _FusedLinearCrossEntropy.apply(as_rows(hidden), weight, t2, bias,
                                           ignore_index, float(label_smoothing),
                                           float(lse_square_scale), reduction, chunk_size)
 
@@ -393,17 +422,18 @@ class FusedLinearCrossEntropyLoss(torch.nn.Module):
 
     def __init__(self, ignore_index: int = -100, label_smoothing: float = 0.0,
                  reduction: str = "mean", chunk_size: int | None = None,
-                 lse_square_scale: float = 0.0):
+                 lse_square_scale: float = 0.0, ce_weight: torch.Tensor | None = None):
         super().__init__()
         self.ignore_index, self.label_smoothing = ignore_index, label_smoothing
         self.reduction, self.chunk_size = reduction, chunk_size
         self.lse_square_scale = lse_square_scale
+        self.register_buffer("ce_weight", ce_weight)
 
     def forward(self, hidden, weight, target, bias=None):
         if not hidden.is_cuda:
             return torch_cross_entropy(torch.nn.functional.linear(hidden, weight, bias), target,
                                        self.ignore_index, self.label_smoothing, self.reduction,
-                                       self.lse_square_scale)
+                                       self.lse_square_scale, self.ce_weight)
         return fused_linear_cross_entropy(hidden, weight, target, bias, self.ignore_index,
                                           self.label_smoothing, self.reduction, self.chunk_size,
-                                          self.lse_square_scale)
+                                          self.lse_square_scale, self.ce_weight)

@@ -153,6 +153,7 @@ def torch_cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.0, 
     x = logits.reshape(-1, logits.shape[-1])
     x = x if x.dtype == torch.float64 else x.float()
     t = target.reshape(-1)
+    weight = None if weight is None else weight.to(x.dtype)
     loss = torch.nn.functional.cross_entropy(x, t, weight=weight, ignore_index=ignore_index,
                                              label_smoothing=label_smoothing, reduction=reduction)
     if not lse_square_scale:
@@ -160,7 +161,7 @@ def torch_cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.0, 
     counted = t != ignore_index
     row_weight = counted.to(x.dtype)
     if weight is not None:
-        row_weight = row_weight * weight.to(x.dtype)[torch.where(counted, t, 0)]
+        row_weight = row_weight * weight[torch.where(counted, t, 0)]
     z = lse_square_scale * torch.logsumexp(x, -1).square() * row_weight
     if reduction == "none":
         return (loss + z).reshape(target.shape)
