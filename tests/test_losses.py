@@ -96,14 +96,18 @@ class _KernelsInTorch:
         out.copy_(a.double() @ b.double() + (0 if bias is None else bias.double()))
 
 
+def _capped(logits, cap):
+    return cap * torch.tanh(logits / cap) if cap else logits
+
+
 @pytest.mark.parametrize("free", [1 << 40, 1 << 20], ids=["memory", "tight"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("tokens,hidden,vocab,smoothing,z,chunk",
-                         [(3000, 64, 501, 0.0, 0.0, None), (2500, 32, 777, 0.1, 0.0, None),
-                          (333, 64, 5003, 0.0, 1e-2, None), (100, 64, 300, 0.0, 0.0, 7),
-                          (0, 16, 40, 0.0, 0.0, None)])
+@pytest.mark.parametrize("tokens,hidden,vocab,smoothing,z,cap,chunk",
+                         [(3000, 64, 501, 0.0, 0.0, 0.0, None), (2500, 32, 777, 0.1, 0.0, 0.0, None),
+                          (333, 64, 5003, 0.0, 1e-2, 0.0, None), (100, 64, 300, 0.0, 0.0, 0.0, 7),
+                          (1100, 64, 300, 0.0, 0.0, 3.0, None), (0, 16, 40, 0.0, 0.0, 0.0, None)])
 def test_fused_linear_cross_entropy_planning_on_cpu(monkeypatch, free, dtype, tokens, hidden, vocab,
-                                                    smoothing, z, chunk):
+                                                    smoothing, z, cap, chunk):
     # chunks, tails, the slice pass (bf16 without smoothing) and its separate buffer, chunk by
     # chunk accumulation (fp32, smoothing), no tokens: gradients against float64 autograd
     from cute_kernels.losses import fused_linear_cross_entropy as flce
@@ -120,10 +124,10 @@ def test_fused_linear_cross_entropy_planning_on_cpu(monkeypatch, free, dtype, to
     loss = torch.full((), float("nan"))
     grads = [torch.full_like(h, float("nan")), torch.full_like(w, float("nan")),
              torch.full((vocab,), float("nan"))]
-    flce.fused_linear_cross_entropy_fwd(h, w, t, b, loss, None, *grads, -100, smoothing, z, "mean",
-                                        chunk)
+    flce.fused_linear_cross_entropy_fwd(h, w, t, b, loss, None, *grads, -100, smoothing, z, cap,
+                                        "mean", chunk)
     params = [p.double().requires_grad_() for p in (h, w, b)]
-    ref = ref_ce(params[0] @ params[1].t() + params[2], t, smoothing=smoothing, z=z)
+    ref = ref_ce(_capped(params[0] @ params[1].t() + params[2], cap), t, smoothing=smoothing, z=z)
     if not tokens:
         assert loss.isnan() and all(not g.any() for g in grads)
         return
@@ -135,11 +139,11 @@ def test_fused_linear_cross_entropy_planning_on_cpu(monkeypatch, free, dtype, to
 
 
 @pytest.mark.parametrize("free", [1 << 40, 1 << 20], ids=["memory", "tight"])
-@pytest.mark.parametrize("tokens,hidden,vocab,smoothing,z,chunk",
-                         [(2100, 64, 501, 0.0, 0.0, None), (333, 32, 777, 0.1, 1e-2, None),
-                          (100, 64, 300, 0.0, 0.0, 7), (0, 16, 40, 0.0, 0.0, None)])
+@pytest.mark.parametrize("tokens,hidden,vocab,smoothing,z,cap,chunk",
+                         [(2100, 64, 501, 0.0, 0.0, 0.0, None), (333, 32, 777, 0.1, 1e-2, 0.0, None),
+                          (100, 64, 300, 0.0, 0.0, 2.5, 7), (0, 16, 40, 0.0, 0.0, 0.0, None)])
 def test_fused_linear_cross_entropy_per_row_on_cpu(monkeypatch, free, tokens, hidden, vocab, smoothing,
-                                                   z, chunk):
+                                                   z, cap, chunk):
     # reduction "none": per-row losses and lse in the forward, the gradients in the backward op
     # for per-row incoming gradients (chunks, tails, ignored rows), against float64 autograd
     from cute_kernels.losses import fused_linear_cross_entropy as flce
@@ -156,12 +160,13 @@ def test_fused_linear_cross_entropy_per_row_on_cpu(monkeypatch, free, tokens, hi
     dloss = torch.randn(tokens)
     loss, lse = torch.full((tokens,), float("nan")), torch.full((tokens,), float("nan"))
     flce.fused_linear_cross_entropy_fwd(h, w, t, b, loss, lse, None, None, None, -100, smoothing, z,
-                                        "none", chunk)
+                                        cap, "none", chunk)
     grads = [torch.full_like(h, float("nan")), torch.full_like(w, float("nan")),
              torch.full((vocab,), float("nan"))]
-    flce.fused_linear_cross_entropy_bwd(h, w, t, b, lse, dloss, *grads, -100, smoothing, z, chunk)
+    flce.fused_linear_cross_entropy_bwd(h, w, t, b, lse, dloss, *grads, -100, smoothing, z, cap, chunk)
     params = [p.double().requires_grad_() for p in (h, w, b)]
-    ref = ref_ce(params[0] @ params[1].t() + params[2], t, smoothing=smoothing, z=z, reduction="none")
+    ref = ref_ce(_capped(params[0] @ params[1].t() + params[2], cap), t, smoothing=smoothing, z=z,
+                 reduction="none")
     torch.testing.assert_close(loss.double(), ref.detach(), rtol=1e-5, atol=1e-5)
     if not tokens:
         assert not grads[1].any() and not grads[2].any()
@@ -521,6 +526,31 @@ def test_fused_linear_cross_entropy_per_token_losses(bias):
 
 
 @gpu
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fused_linear_cross_entropy_softcap(reduction, dtype):
+    # Gemma 2's final logit soft-capping: logits well past the cap (the derivative near 0),
+    # chunks of 1024 and a tail, a bias, ignored tokens
+    tokens, hidden, vocab, cap = 1300, 256, 4001, 5.0
+    h = (torch.randn(tokens, hidden, device="cuda", dtype=dtype) * 2).requires_grad_()
+    w = (torch.randn(vocab, hidden, device="cuda", dtype=dtype) / 4).requires_grad_()
+    b = torch.randn(vocab, device="cuda", dtype=dtype, requires_grad=True)
+    t = torch.randint(0, vocab, (tokens,), device="cuda")
+    t[::3] = -100
+    loss = ck.fused_linear_cross_entropy(h, w, t, b, reduction=reduction, softcap=cap)
+    upstream = torch.rand_like(loss) + 0.5
+    grads = torch.autograd.grad(loss, [h, w, b], upstream)
+    p64 = [p.detach().double().requires_grad_() for p in (h, w, b)]
+    ref = ref_ce(_capped(p64[0] @ p64[1].t() + p64[2], cap), t, reduction=reduction)
+    refs = torch.autograd.grad(ref, p64, upstream.double())
+    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-4
+    assert (loss.double() - ref).abs().max().item() <= tolerance * ref.abs().max().item()
+    for g, r in zip(grads, refs):
+        assert not g.isnan().any()
+        assert (g.double() - r).abs().max().item() <= tolerance * r.abs().max().item()
+
+
+@gpu
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_fused_linear_cross_entropy_class_weights(reduction):
     # per-class weights (F.cross_entropy's ``weight``): weighted tokens, the weighted mean,
@@ -587,6 +617,8 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ck.UnsupportedError, match="ce_weight"):
         ck.fused_linear_cross_entropy(x, torch.randn(7, 10, device="cuda"), t,
                                       ce_weight=torch.ones(6, device="cuda"))
+    with pytest.raises(ck.UnsupportedError, match="softcap"):
+        ck.fused_linear_cross_entropy(x, torch.randn(7, 10, device="cuda"), t, softcap=-1.0)
     with pytest.raises(ck.UnsupportedError, match="ce_weight with label_smoothing"):
         ck.fused_linear_cross_entropy(x, torch.randn(7, 10, device="cuda"), t, label_smoothing=0.1,
                                       ce_weight=torch.ones(7, device="cuda"))

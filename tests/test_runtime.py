@@ -83,9 +83,10 @@ def test_modules_keep_the_z_loss_off_cuda(reduction):
                              z=0.03, weight=cw)
     torch.testing.assert_close(got.double(), want.reshape(got.shape), rtol=1e-5, atol=1e-5)
     h, w = torch.randn(15, 8), torch.randn(7, 8)
-    module = ck.FusedLinearCrossEntropyLoss(reduction=reduction, lse_square_scale=0.03, ce_weight=cw)
-    want = cross_entropy_ref(h.double() @ w.double().t(), t.reshape(-1), reduction=reduction, z=0.03,
-                             weight=cw)
+    module = ck.FusedLinearCrossEntropyLoss(reduction=reduction, lse_square_scale=0.03, ce_weight=cw,
+                                            softcap=2.0)
+    want = cross_entropy_ref(2.0 * torch.tanh(h.double() @ w.double().t() / 2.0), t.reshape(-1),
+                             reduction=reduction, z=0.03, weight=cw)
     torch.testing.assert_close(module(h, w, t.reshape(-1)).double(), want, rtol=1e-5, atol=1e-5)
     assert "ce_weight" in module.state_dict()
 

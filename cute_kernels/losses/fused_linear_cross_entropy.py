@@ -121,17 +121,18 @@ def _weight_grad_by_slices(h2, weight, bias, target, lse, scale, ignore_index, z
     mutates_args=("loss", "lse", "grad_h", "grad_w", "grad_b"),
     schema="(Tensor h2, Tensor weight, Tensor t2, Tensor? bias, Tensor(a!) loss, Tensor(e!)? lse, "
     "Tensor(b!)? grad_h, Tensor(c!)? grad_w, Tensor(d!)? grad_b, int ignore_index, float smoothing, "
-    "float z, str reduction, int? chunk) -> ()",
+    "float z, float softcap, str reduction, int? chunk) -> ()",
 )
 def fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, lse, grad_h, grad_w, grad_b,
-                                   ignore_index: int, smoothing: float, z: float, reduction: str,
-                                   chunk: int | None) -> None:
+                                   ignore_index: int, smoothing: float, z: float, softcap: float,
+                                   reduction: str, chunk: int | None) -> None:
     """The loss of (tokens, H) rows ``h2`` against (tokens,) ``t2`` into the fp32 ``loss``
     (0-d; (tokens,) per-row losses with reduction "none"), each row's lse into ``lse`` when
     given, and for an incoming gradient of 1 the gradients into those of ``grad_h`` (h2's
     shape), ``grad_w`` (the weight's) and ``grad_b`` ((V,) fp32) that are given; ``z`` is the
-    z-loss scale (``lse_square_scale``). The chunks and the slice pass are planned here, where
-    the sizes (and the free memory) are numbers also under torch.compile."""
+    z-loss scale (``lse_square_scale``), ``softcap`` the logits' cap (0: none). The chunks and
+    the slice pass are planned here, where the sizes (and the free memory) are numbers also
+    under torch.compile."""
     tokens, vocab = h2.shape[0], weight.shape[0]
     device = h2.device
     need_h, need_w, need_b = grad_h is not None, grad_w is not None, grad_b is not None
@@ -144,16 +145,17 @@ def fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, lse, grad_h, grad
              else torch.ones(1, dtype=torch.float32, device=device))
     free = _free_bytes(device)
     itemsize = h2.element_size()
-    accumulate = accumulates_by_chunks(tokens, vocab, itemsize, free)
+    held = itemsize * (2 if softcap and grads else 1)  # bytes per logit: the cap's derivative
+    accumulate = accumulates_by_chunks(tokens, vocab, held, free)
     # Where a chunk of logits does not fit, the weight gradient comes from a second pass over
     # vocabulary slices (see ``fused_linear_cross_entropy``) when the inputs allow it.
-    by_slices = (need_w and not accumulate and smoothing == 0.0 and tokens > 0
+    by_slices = (need_w and not accumulate and smoothing == 0.0 and not softcap and tokens > 0
                  and h2.dtype != torch.float32 and _gemm_ready(h2) and _gemm_ready(weight))
     if need_w and tokens == 0:
         grad_w.zero_()
     if need_b:
         grad_b.zero_()
-    budget_rows = chunk_rows(tokens, h2.shape[1], vocab, itemsize, free)
+    budget_rows = chunk_rows(tokens, h2.shape[1], vocab, held, free)
     align = 16 // itemsize
     row_stride = -(-vocab // align) * align if by_slices else vocab
     # With the slice pass the weight gradient is written only after the chunks: until then
@@ -172,6 +174,7 @@ def fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, lse, grad_h, grad
         buffer = grad_w.view(-1)[: rows * row_stride].view(rows, row_stride)
     else:
         buffer = torch.empty((rows, row_stride), dtype=h2.dtype, device=device)
+    derivative = torch.empty_like(buffer) if softcap and grads else None
     w_t = weight.t()
     for start in range(0, tokens, chunk):
         end = min(start + chunk, tokens)
@@ -180,11 +183,15 @@ def fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, lse, grad_h, grad
             gemm_with_config(h, w_t, logits, bias, logits_config)
         else:
             _logits(h, w_t, bias, logits)
+        cap_derivative = _soft_cap(logits, softcap, derivative)
         cross_entropy_fwd(logits, t2[start:end], loss_rows[start:end], lse[start:end],
                           logits if grads else None, scale, ignore_index, smoothing, z)
+        if cap_derivative is not None:
+            logits.mul_(cap_derivative)
         _chunk_gradients(logits, h, weight, start, grad_h, None if by_slices else grad_w, grad_b)
     if by_slices:
         del buffer, logits, h  # the chunk buffer's memory goes back before the slice pass
+        # (no soft cap here: the slice pass is not taken with one)
         _weight_grad_by_slices(h2, weight, bias, t2, lse, scale, ignore_index, z, grad_w,
                                budget_rows * vocab, logits_config)
     if not per_row:
@@ -197,10 +204,10 @@ def fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, lse, grad_h, grad
     mutates_args=("grad_h", "grad_w", "grad_b"),
     schema="(Tensor h2, Tensor weight, Tensor t2, Tensor? bias, Tensor lse, Tensor dloss, "
     "Tensor(b!)? grad_h, Tensor(c!)? grad_w, Tensor(d!)? grad_b, int ignore_index, float smoothing, "
-    "float z, int? chunk) -> ()",
+    "float z, float softcap, int? chunk) -> ()",
 )
 def fused_linear_cross_entropy_bwd(h2, weight, t2, bias, lse, dloss, grad_h, grad_w, grad_b,
-                                   ignore_index: int, smoothing: float, z: float,
+                                   ignore_index: int, smoothing: float, z: float, softcap: float,
                                    chunk: int | None) -> None:
     """The gradients of per-row losses (reduction "none") for (tokens,) fp32 incoming
     gradients ``dloss``, from the forward's lse: each chunk's logits are computed again,
@@ -213,25 +220,43 @@ def fused_linear_cross_entropy_bwd(h2, weight, t2, bias, lse, dloss, grad_h, gra
         grad_b.zero_()
     if tokens == 0:
         return
-    itemsize = h2.element_size()
+    held = h2.element_size() * (2 if softcap else 1)
     free = _free_bytes(h2.device)
     if chunk is None:
-        chunk = _accumulating_chunk(chunk_rows(tokens, h2.shape[1], vocab, itemsize, free),
-                                    accumulates_by_chunks(tokens, vocab, itemsize, free))
+        chunk = _accumulating_chunk(chunk_rows(tokens, h2.shape[1], vocab, held, free),
+                                    accumulates_by_chunks(tokens, vocab, held, free))
     buffer = torch.empty((min(chunk, tokens), vocab), dtype=h2.dtype, device=h2.device)
+    derivative = torch.empty_like(buffer) if softcap else None
     w_t = weight.t()
     for start in range(0, tokens, chunk):
         end = min(start + chunk, tokens)
         h, logits = h2[start:end], buffer[: end - start]
         _logits(h, w_t, bias, logits)
+        cap_derivative = _soft_cap(logits, softcap, derivative)
         cross_entropy_bwd(logits, t2[start:end], lse[start:end], dloss[start:end], logits,
                           ignore_index, smoothing, z)
+        if cap_derivative is not None:
+            logits.mul_(cap_derivative)
         _chunk_gradients(logits, h, weight, start, grad_h, grad_w, grad_b)
 
 
 def _accumulating_chunk(budget_rows: int, accumulate: bool) -> int:
     """Tokens per chunk when the weight gradient accumulates chunk by chunk."""
     return max(budget_rows, ACCUMULATE_ROWS) if accumulate else budget_rows
+
+
+def _soft_cap(logits, softcap: float, derivative):
+    """logits <- softcap * tanh(logits / softcap) in place (nothing when softcap is 0), and the
+    cap's derivative 1 - tanh^2 in the first rows of ``derivative`` when given (returned)."""
+    if not softcap:
+        return None
+    logits.div_(softcap).tanh_()
+    if derivative is not None:
+        derivative = derivative[: logits.shape[0]]
+        torch.addcmul(torch.ones((), dtype=logits.dtype, device=logits.device), logits, logits,
+                      value=-1.0, out=derivative)
+    logits.mul_(softcap)
+    return derivative
 
 
 def _logits(h, w_t, bias, logits) -> None:
@@ -261,7 +286,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
     # Takes (tokens, H) rows and (tokens,) targets (the caller reshapes): the gradients are
     # computed in the forward and scaled by the incoming gradient in the backward.
     @staticmethod
-    def forward(ctx, h2, weight, t2, bias, ignore_index, smoothing, z, reduction, chunk):
+    def forward(ctx, h2, weight, t2, bias, ignore_index, smoothing, z, softcap, reduction, chunk):
         device = h2.device
         loss = torch.empty((), dtype=torch.float32, device=device)
         grad_h = torch.empty_like(h2) if ctx.needs_input_grad[0] else None
@@ -269,7 +294,7 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         grad_b = (torch.empty(weight.shape[0], dtype=torch.float32, device=device)
                   if bias is not None and ctx.needs_input_grad[3] else None)
         fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, None, grad_h, grad_w, grad_b,
-                                       ignore_index, smoothing, z, reduction, chunk)
+                                       ignore_index, smoothing, z, softcap, reduction, chunk)
         ctx.save_for_backward(grad_h, grad_w, grad_b)
         ctx.bias_dtype = None if bias is None else bias.dtype
         return loss
@@ -284,20 +309,21 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
             scale_rows(grad_w, scale)
         if grad_b is not None:
             grad_b = (grad_b * dloss).to(ctx.bias_dtype)
-        return grad_h, grad_w, None, grad_b, None, None, None, None, None
+        return grad_h, grad_w, None, grad_b, None, None, None, None, None, None
 
 
 class _FusedLinearCrossEntropyPerRow(torch.autograd.Function):
     # reduction "none": (tokens,) losses; the backward computes the gradients for its
     # per-row incoming gradient from the stored lse (the logits once more).
     @staticmethod
-    def forward(ctx, h2, weight, t2, bias, ignore_index, smoothing, z, chunk):
+    def forward(ctx, h2, weight, t2, bias, ignore_index, smoothing, z, softcap, chunk):
         loss = torch.empty(h2.shape[0], dtype=torch.float32, device=h2.device)
         lse = torch.empty(h2.shape[0], dtype=torch.float32, device=h2.device)
         fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, lse, None, None, None,
-                                       ignore_index, smoothing, z, "none", chunk)
+                                       ignore_index, smoothing, z, softcap, "none", chunk)
         ctx.save_for_backward(h2, weight, t2, bias, lse)
         ctx.ignore_index, ctx.smoothing, ctx.z, ctx.chunk = ignore_index, smoothing, z, chunk
+        ctx.softcap = softcap
         return loss
 
     @staticmethod
@@ -310,10 +336,10 @@ class _FusedLinearCrossEntropyPerRow(torch.autograd.Function):
                   if bias is not None and need_b else None)
         fused_linear_cross_entropy_bwd(h2, weight, t2, bias, lse, dloss.float().contiguous(),
                                        grad_h, grad_w, grad_b, ctx.ignore_index, ctx.smoothing,
-                                       ctx.z, ctx.chunk)
+                                       ctx.z, ctx.softcap, ctx.chunk)
         if grad_b is not None:
             grad_b = grad_b.to(bias.dtype)
-        return grad_h, grad_w, None, grad_b, None, None, None, None
+        return grad_h, grad_w, None, grad_b, None, None, None, None, None
 
 
 def _weighted(rows, t2, ce_weight, ignore_index: int, reduction: str) -> torch.Tensor:
@@ -331,7 +357,7 @@ def _weighted(rows, t2, ce_weight, ignore_index: int, reduction: str) -> torch.T
 def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: int = -100,
                                label_smoothing: float = 0.0, reduction: str = "mean",
                                chunk_size: int | None = None, lse_square_scale: float = 0.0,
-                               ce_weight: torch.Tensor | None = None):
+                               ce_weight: torch.Tensor | None = None, softcap: float | None = None):
     """``cross_entropy(hidden @ weight.T + bias, target)`` without materializing the logits.
 
     Tokens are processed in chunks: the chunk's logits come from one GEMM, the cross-entropy
@@ -362,6 +388,8 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: 
             token's loss (its z-loss term included) times ``ce_weight[target]``, "mean" divided
             by the counted tokens' summed weights (NaN when 0). The gradients then come from
             the backward, as with reduction "none". Not with label smoothing; no gradient.
+        softcap: optional cap of the logits, ``softcap * tanh(logits / softcap)`` before the
+            loss (Gemma 2's final logit soft-capping), applied to each chunk's logits in place.
         chunk_size: tokens per chunk (default: at least ``ACCUMULATE_ROWS`` when accumulating,
             as many as the weight gradient's storage holds with the slice pass, else
             :func:`chunk_rows`; a larger one gets its own buffer).
@@ -398,19 +426,22 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: 
         if float(label_smoothing) > 0:
             raise UnsupportedError(f"ce_weight with label_smoothing={label_smoothing} is not "
                                    "supported; use one or the other")
+    if softcap is not None and not (isinstance(softcap, (int, float)) and softcap > 0):
+        raise UnsupportedError(f"softcap must be None or a positive number, got {softcap!r}")
+    cap = float(softcap or 0.0)
     row_config(weight.shape[0], 1, 4, tensors_held=1)
     t2 = target.reshape(-1)
     if reduction == "none" or ce_weight is not None:
         rows = _FusedLinearCrossEntropyPerRow.apply(as_rows(hidden), weight, t2, bias, ignore_index,
                                                     float(label_smoothing), float(lse_square_scale),
-                                                    chunk_size)
+                                                    cap, chunk_size)
         if ce_weight is None:
             return rows.reshape(target.shape)
         return _weighted(rows, t2, ce_weight, ignore_index, reduction).reshape(
             target.shape if reduction == "none" else ())
     return _FusedLinearCrossEntropy.apply(as_rows(hidden), weight, t2, bias,
                                           ignore_index, float(label_smoothing),
-                                          float(lse_square_scale), reduction, chunk_size)
+                                          float(lse_square_scale), cap, reduction, chunk_size)
 
 
 class FusedLinearCrossEntropyLoss(torch.nn.Module):
@@ -418,22 +449,27 @@ class FusedLinearCrossEntropyLoss(torch.nn.Module):
     logits (:func:`fused_linear_cross_entropy`). ``forward(hidden, weight, target, bias=None)``.
 
     Like every module of the library it follows its input's device: off CUDA it computes
-    ``F.cross_entropy(F.linear(hidden, weight, bias), target)`` (plus the z-loss) with torch."""
+    ``F.cross_entropy(F.linear(hidden, weight, bias), target)`` (with the soft cap and the
+    z-loss) with torch."""
 
     def __init__(self, ignore_index: int = -100, label_smoothing: float = 0.0,
                  reduction: str = "mean", chunk_size: int | None = None,
-                 lse_square_scale: float = 0.0, ce_weight: torch.Tensor | None = None):
+                 lse_square_scale: float = 0.0, ce_weight: torch.Tensor | None = None,
+                 softcap: float | None = None):
         super().__init__()
         self.ignore_index, self.label_smoothing = ignore_index, label_smoothing
         self.reduction, self.chunk_size = reduction, chunk_size
-        self.lse_square_scale = lse_square_scale
+        self.lse_square_scale, self.softcap = lse_square_scale, softcap
         self.register_buffer("ce_weight", ce_weight)
 
     def forward(self, hidden, weight, target, bias=None):
         if not hidden.is_cuda:
-            return torch_cross_entropy(torch.nn.functional.linear(hidden, weight, bias), target,
+            logits = torch.nn.functional.linear(hidden, weight, bias)
+            if self.softcap:
+                logits = self.softcap * torch.tanh(logits / self.softcap)
+            return torch_cross_entropy(logits, target,
                                        self.ignore_index, self.label_smoothing, self.reduction,
                                        self.lse_square_scale, self.ce_weight)
         return fused_linear_cross_entropy(hidden, weight, target, bias, self.ignore_index,
                                           self.label_smoothing, self.reduction, self.chunk_size,
-                                          self.lse_square_scale, self.ce_weight)
+                                          self.lse_square_scale, self.ce_weight, self.softcap)
