@@ -22,6 +22,11 @@ def _flce(h, w):
     return ck.fused_linear_cross_entropy(h, w, t)
 
 
+def _flce_per_token(h, w):
+    t = (h[:, 0].float().abs() * 1000).long() % w.shape[0]
+    return ck.fused_linear_cross_entropy(h, w, t, reduction="none", softcap=20.0)
+
+
 def _attention(q, k, v):
     return ck.flash_attn(q, k, v, causal=True)
 
@@ -68,6 +73,9 @@ CASES = {
                       lambda: (randn(128, 32000, grad=True),), True, 0),
     "fused_linear_cross_entropy": (_flce, lambda: (randn(256, 512, grad=True), (randn(8000, 512) / 8).requires_grad_()),
                                    True, 0),
+    "fused_linear_cross_entropy_per_token": (_flce_per_token, lambda: (randn(1100, 256, grad=True),
+                                                                       (randn(3000, 256) / 8).requires_grad_()),
+                                             True, 0),
     "flash_attn": (_attention, lambda: (randn(2, 300, 8, 128, grad=True), randn(2, 300, 2, 128, grad=True),
                                         randn(2, 300, 2, 128, grad=True)), True, 2e-3),
     "flash_attn_varlen": (_varlen, lambda: (randn(300, 4, 64), randn(300, 4, 64), randn(300, 4, 64), _offsets()),
