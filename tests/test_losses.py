@@ -96,6 +96,41 @@ class _KernelsInTorch:
         out.copy_(a.double() @ b.double() + (0 if bias is None else bias.double()))
 
 
+@pytest.mark.parametrize("free,tokens,chunks,slices", [(1 << 40, 4100, 5, False), (1 << 40, 700, 1, False),
+                                                      (1 << 20, 4100, 9, True)])
+def test_fused_linear_cross_entropy_picks_its_plan_from_the_free_memory(monkeypatch, free, tokens, chunks,
+                                                                        slices):
+    # ample memory: chunks of ACCUMULATE_ROWS tokens (the tail its own chunk), no slice pass;
+    # too little for a chunk of logits: the slice pass, the chunks' logits in the weight
+    # gradient's storage (as many rows as it holds: H = 512 per chunk)
+    from cute_kernels.losses import fused_linear_cross_entropy as flce
+
+    for name in ("cross_entropy_fwd", "cross_entropy_bwd", "mean_scale", "gemm_with_config"):
+        monkeypatch.setattr(flce, name, getattr(_KernelsInTorch, name))
+    monkeypatch.setattr(flce, "sm_count", lambda index: 132)
+    monkeypatch.setattr(flce, "_free_bytes", lambda device: free)
+    calls = {"chunks": 0, "slices": 0}
+    chunk_fwd, slice_pass = flce.cross_entropy_fwd, flce._weight_grad_by_slices
+
+    def counted_fwd(*args):
+        calls["chunks"] += 1
+        chunk_fwd(*args)
+
+    def counted_slices(*args):
+        calls["slices"] += 1
+        slice_pass(*args)
+
+    monkeypatch.setattr(flce, "cross_entropy_fwd", counted_fwd)
+    monkeypatch.setattr(flce, "_weight_grad_by_slices", counted_slices)
+    hidden, vocab = 512, 8000
+    h, w = torch.randn(tokens, hidden, dtype=torch.bfloat16), torch.randn(vocab, hidden, dtype=torch.bfloat16)
+    t = torch.randint(0, vocab, (tokens,))
+    grads = [torch.empty_like(h), torch.empty_like(w), None]
+    flce.fused_linear_cross_entropy_fwd(h, w, t, None, torch.empty(()), None, *grads, -100, 0.0, 0.0, 0.0,
+                                        "mean", None)
+    assert calls == {"chunks": chunks, "slices": int(slices)}
+
+
 def _capped(logits, cap):
     return cap * torch.tanh(logits / cap) if cap else logits
 
