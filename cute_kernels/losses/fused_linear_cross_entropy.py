@@ -396,9 +396,11 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: 
 
     Constraints:
       - with too little free memory for a chunk of 1024 tokens' logits, the slice pass runs for
-        16-bit inputs without label smoothing whose hidden / weight rows are 16-byte aligned;
-        other inputs then accumulate in chunks of :func:`chunk_rows` tokens
-      - V up to 524288; label smoothing as in :func:`cross_entropy`
+        16-bit inputs without label smoothing or softcap whose hidden / weight rows are 16-byte
+        aligned; other inputs then accumulate in chunks of :func:`chunk_rows` tokens
+      - softcap keeps the cap's derivative beside each chunk's logits (twice the chunk memory)
+      - reduction "none" and ``ce_weight`` run one GEMM more per chunk (in the backward)
+      - V up to 524288; label smoothing as in :func:`cross_entropy`; ``ce_weight`` not with it
     """
     check_arguments(hidden, target, ignore_index, label_smoothing, reduction, lse_square_scale,
                     what="hidden")
