@@ -428,7 +428,8 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: 
         if float(label_smoothing) > 0:
             raise UnsupportedError(f"ce_weight with label_smoothing={label_smoothing} is not "
                                    "supported; use one or the other")
-    if softcap is not None and not (isinstance(softcap, (int, float)) and softcap > 0):
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
+                                or not softcap > 0):
         raise UnsupportedError(f"softcap must be None or a positive number, got {softcap!r}")
     cap = float(softcap or 0.0)
     row_config(weight.shape[0], 1, 4, tensors_held=1)
