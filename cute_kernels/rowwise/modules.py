@@ -79,11 +79,10 @@ class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         if target.is_floating_point() or (not input.is_cuda and not self.lse_square_scale):
             return super().forward(input, target)
-        if not input.is_cuda:
-            logits = input.movedim(1, -1) if input.dim() > 2 else input
+        logits = input.movedim(1, -1) if input.dim() > 2 else input
+        if not input.is_cuda:  # torch has no z-loss: the same computation with torch
             return torch_cross_entropy(logits, target, self.ignore_index, self.label_smoothing,
                                        self.reduction, self.lse_square_scale, self.weight)
-        logits = input.movedim(1, -1) if input.dim() > 2 else input
         return cross_entropy(logits, target, self.ignore_index, self.label_smoothing,
                              self.reduction, self.lse_square_scale, self.inplace_backward,
                              self.weight)
