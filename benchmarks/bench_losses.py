@@ -1,8 +1,10 @@
 """Cross-entropy and fused linear cross-entropy: ours against the peers.
 
 cross_entropy_fwd counts the logits read once (GB/s); cross_entropy_fwd_bwd counts the logits
-read twice and the gradient written once; flce_fwd_bwd reports TFLOP/s of the three GEMMs
-(6 * tokens * hidden * vocab) plus time and peak extra memory.
+read twice and the gradient written once (cross_entropy_softcap_fwd_bwd: the same with Gemma 2's
+soft cap of 30 at its vocabulary); flce_fwd_bwd reports TFLOP/s of the three GEMMs
+(6 * tokens * hidden * vocab) plus time and peak extra memory (flce_softcap_fwd_bwd: Gemma 2
+2B's head, hidden 2304, vocabulary 256000, soft cap 30).
 
     python benchmarks/bench_losses.py [--quick]
 """
@@ -22,7 +24,10 @@ from harness import Results, bench, bench_many, ceilings, gbps, make_input_sets,
 import cute_kernels as ck  # noqa: E402
 
 CE_SHAPES = [(8192, 32768), (4096, 131072)]
+CE_SOFTCAP = (4096, 256000)
 FLCE = (8192, 4096, 128256)
+FLCE_SOFTCAP = (8192, 2304, 256000)
+GEMMA_CAP = 30.0
 
 
 def ce_peers(quack_ce, liger_ce):
@@ -63,6 +68,26 @@ def run_ce(results, m, v, quack_ce, liger):
                 ms={k: round(t, 3) for k, t in ms.items()})
 
 
+def run_ce_softcap(results, liger):
+    m, v = CE_SOFTCAP
+    dtype = torch.bfloat16
+    sets = make_input_sets(lambda: (torch.randn(m, v, device="cuda", dtype=dtype) * 8,
+                                    torch.randint(0, v, (m,), device="cuda")), m * v * 2)
+
+    def capped(x, t):
+        return F.cross_entropy(GEMMA_CAP * torch.tanh(x.float() / GEMMA_CAP), t)
+
+    both = {"ours": fwd_bwd(lambda x, t: ck.cross_entropy(x, t, softcap=GEMMA_CAP)),
+            "torch": fwd_bwd(capped), "torch_compile": fwd_bwd(torch.compile(capped))}
+    if liger is not None:
+        liger_loss = liger.LigerCrossEntropyLoss(softcap=GEMMA_CAP)
+        both["liger"] = fwd_bwd(lambda x, t: liger_loss(x, t))
+    ms = bench_many(both, sets, reps=20)
+    rates = {k: gbps(3 * m * v * 2, t) for k, t in ms.items()}
+    results.add("losses", "cross_entropy_softcap_fwd_bwd", (m, v), dtype, "GBps", rates.pop("ours"),
+                rates, ms={k: round(t, 3) for k, t in ms.items()})
+
+
 def peak_extra_memory(fn, *args) -> int:
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
@@ -72,8 +97,10 @@ def peak_extra_memory(fn, *args) -> int:
     return torch.cuda.max_memory_allocated() - base
 
 
-def run_flce(results, liger):
-    tokens, hidden, vocab = FLCE
+def run_flce(results, liger, shape=FLCE, softcap=None):
+    """Ours (the default plan; at the default shape also the slice pass, per-token losses and
+    the soft cap), torch's unfused loss and Liger's, forward + backward with weight gradients."""
+    tokens, hidden, vocab = shape
     dtype = torch.bfloat16
     h = torch.randn(tokens, hidden, device="cuda", dtype=dtype)
     w = (torch.randn(vocab, hidden, device="cuda", dtype=dtype) / 64)
@@ -96,14 +123,20 @@ def run_flce(results, liger):
         finally:
             flce._free_bytes = free_bytes
 
-    fns = {"ours": make_run(lambda h, w, t: ck.fused_linear_cross_entropy(h, w, t)),
-           "ours_slice_pass": make_run(ours_by_slices),
-           "ours_per_token": make_run(lambda h, w, t: ck.fused_linear_cross_entropy(
-               h, w, t, reduction="none").mean()),
-           "ours_softcap": make_run(lambda h, w, t: ck.fused_linear_cross_entropy(h, w, t, softcap=30.0)),
-           "torch": make_run(lambda h, w, t: F.cross_entropy((h @ w.t()).float(), t))}
+    def torch_loss(h, w, t):
+        logits = (h @ w.t()).float()
+        return F.cross_entropy(softcap * torch.tanh(logits / softcap) if softcap else logits, t)
+
+    fns = {"ours": make_run(lambda h, w, t: ck.fused_linear_cross_entropy(h, w, t, softcap=softcap))}
+    if softcap is None:
+        fns.update({"ours_slice_pass": make_run(ours_by_slices),
+                    "ours_per_token": make_run(lambda h, w, t: ck.fused_linear_cross_entropy(
+                        h, w, t, reduction="none").mean()),
+                    "ours_softcap": make_run(lambda h, w, t: ck.fused_linear_cross_entropy(
+                        h, w, t, softcap=GEMMA_CAP))})
+    fns["torch"] = make_run(torch_loss)
     if liger is not None:
-        liger_loss = liger.LigerFusedLinearCrossEntropyLoss()
+        liger_loss = liger.LigerFusedLinearCrossEntropyLoss(softcap=softcap)
         fns["liger"] = make_run(lambda h, w, t: liger_loss(w, h, t))
     memory = {}
     for name, fn in fns.items():
@@ -113,8 +146,9 @@ def run_flce(results, liger):
     flops = 6 * tokens * hidden * vocab
     rates = {k: tflops(flops, v) for k, v in ms.items()}
     for variant in ("ours_slice_pass", "ours_per_token", "ours_softcap"):  # ours, in ms and memory only
-        rates.pop(variant)
-    results.add("losses", "flce_fwd_bwd", (tokens, hidden, vocab), dtype, "TFLOPs", rates.pop("ours"),
+        rates.pop(variant, None)
+    name = "flce_softcap_fwd_bwd" if softcap else "flce_fwd_bwd"
+    results.add("losses", name, (tokens, hidden, vocab), dtype, "TFLOPs", rates.pop("ours"),
                 rates, ms={k: round(v, 2) for k, v in ms.items()},
                 peak_extra_GiB={k: round(v, 3) for k, v in memory.items()})
     print("flce ms", {k: round(v, 2) for k, v in ms.items()}, "peak extra GiB",
@@ -136,8 +170,11 @@ def main():
     liger = try_import("liger_kernel.transformers")
     for m, v in ([] if args.only_flce else CE_SHAPES):
         run_ce(results, m, v, quack_ce, liger)
+    if not args.only_flce:
+        run_ce_softcap(results, liger)
     if not args.skip_flce:
         run_flce(results, liger)
+        run_flce(results, liger, FLCE_SOFTCAP, GEMMA_CAP)
     results.save()
 
 

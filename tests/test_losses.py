@@ -22,6 +22,21 @@ def test_cpu_tensor_is_refused():
         ck.cross_entropy(torch.randn(4, 8), torch.zeros(4, dtype=torch.long))
 
 
+def test_module_softcap_off_cuda_and_probability_targets():
+    # off CUDA the module computes the capped loss with torch; class-probability targets
+    # (torch's own loss) are refused with a cap or a z-loss rather than silently dropping them
+    x = torch.randn(6, 9, 3) * 20
+    t = torch.randint(0, 9, (6, 3))
+    loss = ck.CrossEntropyLoss(softcap=7.0, label_smoothing=0.1)(x, t)
+    torch.testing.assert_close(loss, F.cross_entropy(7.0 * torch.tanh(x / 7.0), t, label_smoothing=0.1))
+    with pytest.raises(ck.UnsupportedError, match="class-probability"):
+        ck.CrossEntropyLoss(softcap=7.0)(x, torch.softmax(x, 1))
+    with pytest.raises(ck.UnsupportedError, match="class-probability"):
+        ck.CrossEntropyLoss(lse_square_scale=1e-4)(x, torch.softmax(x, 1))
+    torch.testing.assert_close(ck.CrossEntropyLoss()(x, torch.softmax(x, 1)),
+                               F.cross_entropy(x, torch.softmax(x, 1)))
+
+
 @pytest.mark.parametrize("tokens,hidden,vocab",
                          [(8192, 4096, 128256), (333, 256, 5003), (1000, 512, 32000), (2000, 64, 3001)])
 def test_weight_gradient_slices_keep_their_logits_above_the_rows_they_write(tokens, hidden, vocab):
@@ -65,8 +80,17 @@ class _KernelsInTorch:
     runs as it does on the GPU."""
 
     @staticmethod
-    def cross_entropy_fwd(logits, target, loss, lse, grad, scale, ignore_index, smoothing, z):
+    def _capped(logits, cap):
+        """The logits capped as the kernels load them, and the cap's derivative (1 without)."""
         x = logits.double()
+        if not cap:
+            return x, 1.0
+        t = torch.tanh(x / cap)
+        return cap * t, 1 - t * t
+
+    @staticmethod
+    def cross_entropy_fwd(logits, target, loss, lse, grad, scale, ignore_index, smoothing, z, cap):
+        x, slope = _KernelsInTorch._capped(logits, cap)
         counted = target != ignore_index
         row_lse = torch.logsumexp(x, 1)
         picked = x.gather(1, torch.where(counted, target, 0)[:, None])[:, 0]
@@ -76,16 +100,16 @@ class _KernelsInTorch:
         if grad is not None:
             g = torch.softmax(x, 1) * (1 + 2 * z * row_lse[:, None]) - smoothing / x.shape[1]
             g[torch.arange(len(target)), torch.where(counted, target, 0)] -= 1 - smoothing
-            grad.copy_(torch.where(counted[:, None], g, 0.0) * scale[0])
+            grad.copy_(torch.where(counted[:, None], g * slope, 0.0) * scale[0])
 
     @staticmethod
-    def cross_entropy_bwd(logits, target, lse, dloss, grad, ignore_index, smoothing, z):
-        x = logits.double()
+    def cross_entropy_bwd(logits, target, lse, dloss, grad, ignore_index, smoothing, z, cap):
+        x, slope = _KernelsInTorch._capped(logits, cap)
         g = torch.exp(x - lse[:, None].double()) * (1 + 2 * z * lse[:, None].double()) - smoothing / x.shape[1]
         inside = (target >= 0) & (target < x.shape[1])
         rows = torch.arange(len(target))[inside]
         g[rows, target[inside]] -= 1 - smoothing
-        grad.copy_(torch.where((target != ignore_index)[:, None], g, 0.0) * dloss[:, None])
+        grad.copy_(torch.where((target != ignore_index)[:, None], g * slope, 0.0) * dloss[:, None])
 
     @staticmethod
     def mean_scale(target, ignore_index):
@@ -253,6 +277,59 @@ def test_options(reduction, smoothing, z):
     (dx,) = torch.autograd.grad(loss, x, g.float())
     (dx_ref,) = torch.autograd.grad(ref, x64, g)
     torch.testing.assert_close(dx.double(), dx_ref, atol=1e-6, rtol=1e-4)
+
+
+@gpu
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("v,smoothing,z", [(5003, 0.0, 0.0), (5003, 0.1, 1e-3), (128256, 0.0, 0.0),
+                                           (131072, 0.2, 1e-4), (7, 0.0, 0.0)])
+def test_softcap(reduction, dtype, v, smoothing, z):
+    # Gemma 2's final-logit soft cap inside the kernels: logits far past the cap (derivative
+    # near 0), rows split over a cluster (128256, 131072), a padded row tail (5003, 7),
+    # ignored rows, an incoming gradient per row; the loss and gradient of the capped logits
+    m, cap = max(3, min(64, 2_000_000 // v)), 15.0
+    x = (torch.randn(m, v, device="cuda") * 12 + 3).to(dtype).requires_grad_()
+    t = torch.randint(0, v, (m,), device="cuda")
+    t[::3] = -100
+    loss = ck.cross_entropy(x, t, label_smoothing=smoothing, reduction=reduction,
+                            lse_square_scale=z, softcap=cap)
+    x64 = x.detach().double().requires_grad_()
+    ref = ref_ce(_capped(x64, cap), t, smoothing=smoothing, reduction=reduction, z=z)
+    torch.testing.assert_close(loss.double(), ref, atol=1e-5, rtol=1e-5)
+    g = torch.rand_like(ref) + 0.5
+    (dx,) = torch.autograd.grad(loss, x, g.float())
+    (dx_ref,) = torch.autograd.grad(ref, x64, g)
+    atol = 1e-6 if dtype == torch.float32 else 4e-3 * dx_ref.abs().max().item()
+    torch.testing.assert_close(dx.double(), dx_ref, atol=atol, rtol=1e-4 if dtype == torch.float32 else 1e-2)
+    assert (dx[::3] == 0).all()
+
+
+@gpu
+def test_softcap_with_class_weights_minus_inf_logits_and_the_module():
+    # class weights with the cap (the per-row path: the backward kernel caps again); a row
+    # with -inf logits (they stay -inf: exp(-cap) each less in the sum than torch's -cap,
+    # far below the tolerance here) and a -inf target logit (capped to -cap, as torch)
+    m, v, cap = 40, 3001, 30.0
+    x = (torch.randn(m, v, device="cuda") * 50).requires_grad_()
+    with torch.no_grad():
+        x[5, ::2] = -float("inf")
+    t = torch.randint(0, v, (m,), device="cuda")
+    t[5] = 4
+    t[::7] = -100
+    w = torch.rand(v, device="cuda") + 0.5
+    loss = ck.cross_entropy(x, t, weight=w, softcap=cap)
+    x64 = x.detach().double().requires_grad_()
+    ref = ref_ce(_capped(x64, cap), t, weight=w)
+    torch.testing.assert_close(loss.double(), ref, atol=1e-5, rtol=1e-5)
+    (dx,) = torch.autograd.grad(loss, x)
+    (dx_ref,) = torch.autograd.grad(ref, x64)
+    torch.testing.assert_close(dx.double(), dx_ref, atol=1e-6, rtol=1e-4)
+    module = ck.CrossEntropyLoss(softcap=cap)
+    logits = x.detach()[:, :, None].expand(m, v, 2)  # class dim 1, as torch
+    torch.testing.assert_close(module(logits, t[:, None].expand(m, 2)).double(),
+                               ref_ce(_capped(x64.detach(), cap).repeat_interleave(2, 0),
+                                      t.repeat_interleave(2)), atol=1e-5, rtol=1e-5)
 
 
 @gpu
@@ -483,12 +560,14 @@ def test_fused_linear_cross_entropy_weight_grad_by_vocab_slices(monkeypatch, bia
     t[::7] = -100
     _force_the_slice_pass(monkeypatch, vocab)
     z = 1e-2 if bias else 0.0  # the z-loss's gradient in the slices, from the stored lse
+    cap = 2.0 if bias else None  # the soft cap in the slices' gradient kernel too
     loss = ck.fused_linear_cross_entropy(h, w, t, b, reduction=reduction, chunk_size=64,
-                                         lse_square_scale=z)
+                                         lse_square_scale=z, softcap=cap)
     params = [h, w] + ([b] if bias else [])
     grads = torch.autograd.grad(loss * 2.5, params)
     p64 = [p.detach().double().requires_grad_() for p in params]
-    ref = ref_ce(p64[0] @ p64[1].t() + (p64[2] if bias else 0), t, reduction=reduction, z=z)
+    ref = ref_ce(_capped(p64[0] @ p64[1].t() + (p64[2] if bias else 0), cap), t,
+                 reduction=reduction, z=z)
     refs = torch.autograd.grad(ref * 2.5, p64)
     assert abs(loss.item() - ref.item()) <= 1e-2 * abs(ref.item()) + 1e-3
     for g, r in zip(grads, refs):
@@ -655,6 +734,11 @@ def test_bad_inputs_raise_clear_errors():
                                       ce_weight=torch.ones(6, device="cuda"))
     with pytest.raises(ck.UnsupportedError, match="softcap"):
         ck.fused_linear_cross_entropy(x, torch.randn(7, 10, device="cuda"), t, softcap=-1.0)
+    for cap in (0.0, True, "30", float("nan")):
+        with pytest.raises(ck.UnsupportedError, match="softcap"):
+            ck.cross_entropy(x, t, softcap=cap)
+    with pytest.raises(ck.UnsupportedError, match="rows|row length|long"):
+        ck.cross_entropy(torch.randn(1, 262145, device="cuda"), t[:1], softcap=30.0)
     with pytest.raises(ck.UnsupportedError, match="ce_weight with label_smoothing"):
         ck.fused_linear_cross_entropy(x, torch.randn(7, 10, device="cuda"), t, label_smoothing=0.1,
                                       ce_weight=torch.ones(7, device="cuda"))

@@ -10,9 +10,9 @@ import torch
 
 from ..gemm.config import Epilogue, GemmConfig
 from ..gemm.op import gemm_with_config
-from ..rowwise.config import row_config
-from ..rowwise.cross_entropy_op import (FLOAT_DTYPES, as_rows, check_arguments, cross_entropy_bwd,
-                                        cross_entropy_fwd, mean_scale, scale_rows, torch_cross_entropy)
+from ..rowwise.cross_entropy_op import (FLOAT_DTYPES, as_rows, check_arguments, check_row_length,
+                                        check_softcap, cross_entropy_bwd, cross_entropy_fwd,
+                                        mean_scale, scale_rows, torch_cross_entropy)
 from ..runtime import DTypeError, UnsupportedError, kernel_op
 from ..runtime.arch import sm_count
 from ..runtime.errors import check_tensor, describe
@@ -79,7 +79,7 @@ def _slab_in_place(flat: torch.Tensor, v0: int, tokens: int, hidden: int, vocab:
     return 0, None
 
 
-def _weight_grad_by_slices(h2, weight, bias, target, lse, scale, ignore_index, z, grad_w, budget,
+def _weight_grad_by_slices(h2, weight, bias, target, lse, scale, ignore_index, z, cap, grad_w, budget,
                            logits_config):
     """grad_w[v0:v1] = G[:, v0:v1]^T @ h for vocabulary slices: each slice's logits are
     recomputed (one GEMM), turned into their gradient in place from the stored lse (the
@@ -110,7 +110,7 @@ def _weight_grad_by_slices(h2, weight, bias, target, lse, scale, ignore_index, z
         gemm_with_config(h2, weight[v0:v1].t(), logits, None if bias is None else bias[v0:v1],
                          logits_config)
         shifted = torch.where(counted, target.to(torch.int64) - v0, outside)
-        cross_entropy_bwd(logits, shifted, lse, dloss, logits, outside, 0.0, z)
+        cross_entropy_bwd(logits, shifted, lse, dloss, logits, outside, 0.0, z, cap)
         gemm_with_config(logits.t(), h2, grad_w[v0:v1], None,
                          dataclasses.replace(logits_config, epilogue=Epilogue()))
         v0 = v1
@@ -145,17 +145,16 @@ def fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, lse, grad_h, grad
              else torch.ones(1, dtype=torch.float32, device=device))
     free = _free_bytes(device)
     itemsize = h2.element_size()
-    held = itemsize * (2 if softcap and grads else 1)  # bytes per logit: the cap's derivative
-    accumulate = accumulates_by_chunks(tokens, vocab, held, free)
+    accumulate = accumulates_by_chunks(tokens, vocab, itemsize, free)
     # Where a chunk of logits does not fit, the weight gradient comes from a second pass over
     # vocabulary slices (see ``fused_linear_cross_entropy``) when the inputs allow it.
-    by_slices = (need_w and not accumulate and smoothing == 0.0 and not softcap and tokens > 0
+    by_slices = (need_w and not accumulate and smoothing == 0.0 and tokens > 0
                  and h2.dtype != torch.float32 and _gemm_ready(h2) and _gemm_ready(weight))
     if need_w and tokens == 0:
         grad_w.zero_()
     if need_b:
         grad_b.zero_()
-    budget_rows = chunk_rows(tokens, h2.shape[1], vocab, held, free)
+    budget_rows = chunk_rows(tokens, h2.shape[1], vocab, itemsize, free)
     align = 16 // itemsize
     row_stride = -(-vocab // align) * align if by_slices else vocab
     # With the slice pass the weight gradient is written only after the chunks: until then
@@ -174,7 +173,6 @@ def fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, lse, grad_h, grad
         buffer = grad_w.view(-1)[: rows * row_stride].view(rows, row_stride)
     else:
         buffer = torch.empty((rows, row_stride), dtype=h2.dtype, device=device)
-    derivative = torch.empty_like(buffer) if softcap and grads else None
     w_t = weight.t()
     for start in range(0, tokens, chunk):
         end = min(start + chunk, tokens)
@@ -183,16 +181,12 @@ def fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, lse, grad_h, grad
             gemm_with_config(h, w_t, logits, bias, logits_config)
         else:
             _logits(h, w_t, bias, logits)
-        cap_derivative = _soft_cap(logits, softcap, derivative)
         cross_entropy_fwd(logits, t2[start:end], loss_rows[start:end], lse[start:end],
-                          logits if grads else None, scale, ignore_index, smoothing, z)
-        if cap_derivative is not None:
-            logits.mul_(cap_derivative)
+                          logits if grads else None, scale, ignore_index, smoothing, z, softcap)
         _chunk_gradients(logits, h, weight, start, grad_h, None if by_slices else grad_w, grad_b)
     if by_slices:
         del buffer, logits, h  # the chunk buffer's memory goes back before the slice pass
-        # (no soft cap here: the slice pass is not taken with one)
-        _weight_grad_by_slices(h2, weight, bias, t2, lse, scale, ignore_index, z, grad_w,
+        _weight_grad_by_slices(h2, weight, bias, t2, lse, scale, ignore_index, z, softcap, grad_w,
                                budget_rows * vocab, logits_config)
     if not per_row:
         total = loss_rows.sum()  # rows already divided by the counted rows for "mean"
@@ -220,43 +214,24 @@ def fused_linear_cross_entropy_bwd(h2, weight, t2, bias, lse, dloss, grad_h, gra
         grad_b.zero_()
     if tokens == 0:
         return
-    held = h2.element_size() * (2 if softcap else 1)
-    free = _free_bytes(h2.device)
+    itemsize, free = h2.element_size(), _free_bytes(h2.device)
     if chunk is None:
-        chunk = _accumulating_chunk(chunk_rows(tokens, h2.shape[1], vocab, held, free),
-                                    accumulates_by_chunks(tokens, vocab, held, free))
+        chunk = _accumulating_chunk(chunk_rows(tokens, h2.shape[1], vocab, itemsize, free),
+                                    accumulates_by_chunks(tokens, vocab, itemsize, free))
     buffer = torch.empty((min(chunk, tokens), vocab), dtype=h2.dtype, device=h2.device)
-    derivative = torch.empty_like(buffer) if softcap else None
     w_t = weight.t()
     for start in range(0, tokens, chunk):
         end = min(start + chunk, tokens)
         h, logits = h2[start:end], buffer[: end - start]
         _logits(h, w_t, bias, logits)
-        cap_derivative = _soft_cap(logits, softcap, derivative)
         cross_entropy_bwd(logits, t2[start:end], lse[start:end], dloss[start:end], logits,
-                          ignore_index, smoothing, z)
-        if cap_derivative is not None:
-            logits.mul_(cap_derivative)
+                          ignore_index, smoothing, z, softcap)
         _chunk_gradients(logits, h, weight, start, grad_h, grad_w, grad_b)
 
 
 def _accumulating_chunk(budget_rows: int, accumulate: bool) -> int:
     """Tokens per chunk when the weight gradient accumulates chunk by chunk."""
     return max(budget_rows, ACCUMULATE_ROWS) if accumulate else budget_rows
-
-
-def _soft_cap(logits, softcap: float, derivative):
-    """logits <- softcap * tanh(logits / softcap) in place (nothing when softcap is 0), and the
-    cap's derivative 1 - tanh^2 in the first rows of ``derivative`` when given (returned)."""
-    if not softcap:
-        return None
-    logits.div_(softcap).tanh_()
-    if derivative is not None:
-        derivative = derivative[: logits.shape[0]]
-        torch.addcmul(torch.ones((), dtype=logits.dtype, device=logits.device), logits, logits,
-                      value=-1.0, out=derivative)
-    logits.mul_(softcap)
-    return derivative
 
 
 def _logits(h, w_t, bias, logits) -> None:
@@ -389,16 +364,16 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: 
             by the counted tokens' summed weights (NaN when 0). The gradients then come from
             the backward, as with reduction "none". Not with label smoothing; no gradient.
         softcap: optional cap of the logits, ``softcap * tanh(logits / softcap)`` before the
-            loss (Gemma 2's final logit soft-capping), applied to each chunk's logits in place.
+            loss (Gemma 2's final logit soft-capping), inside the cross-entropy kernels (as
+            :func:`cross_entropy`'s ``softcap``).
         chunk_size: tokens per chunk (default: at least ``ACCUMULATE_ROWS`` when accumulating,
             as many as the weight gradient's storage holds with the slice pass, else
             :func:`chunk_rows`; a larger one gets its own buffer).
 
     Constraints:
       - with too little free memory for a chunk of 1024 tokens' logits, the slice pass runs for
-        16-bit inputs without label smoothing or softcap whose hidden / weight rows are 16-byte
-        aligned; other inputs then accumulate in chunks of :func:`chunk_rows` tokens
-      - softcap keeps the cap's derivative beside each chunk's logits (twice the chunk memory)
+        16-bit inputs without label smoothing whose hidden / weight rows are 16-byte aligned;
+        other inputs then accumulate in chunks of :func:`chunk_rows` tokens
       - reduction "none" and ``ce_weight`` run one GEMM more per chunk (in the backward)
       - V up to 524288; label smoothing as in :func:`cross_entropy`; ``ce_weight`` not with it
     """
@@ -428,11 +403,8 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: 
         if float(label_smoothing) > 0:
             raise UnsupportedError(f"ce_weight with label_smoothing={label_smoothing} is not "
                                    "supported; use one or the other")
-    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
-                                or not softcap > 0):
-        raise UnsupportedError(f"softcap must be None or a positive number, got {softcap!r}")
-    cap = float(softcap or 0.0)
-    row_config(weight.shape[0], 1, 4, tensors_held=1)
+    cap = check_softcap(softcap)
+    check_row_length(weight.shape[0], hidden.dtype, cap)
     t2 = target.reshape(-1)
     if reduction == "none" or ce_weight is not None:
         rows = _FusedLinearCrossEntropyPerRow.apply(as_rows(hidden), weight, t2, bias, ignore_index,
@@ -468,11 +440,9 @@ class FusedLinearCrossEntropyLoss(torch.nn.Module):
     def forward(self, hidden, weight, target, bias=None):
         if not hidden.is_cuda:
             logits = torch.nn.functional.linear(hidden, weight, bias)
-            if self.softcap:
-                logits = self.softcap * torch.tanh(logits / self.softcap)
             return torch_cross_entropy(logits, target,
                                        self.ignore_index, self.label_smoothing, self.reduction,
-                                       self.lse_square_scale, self.ce_weight)
+                                       self.lse_square_scale, self.ce_weight, self.softcap)
         return fused_linear_cross_entropy(hidden, weight, target, bias, self.ignore_index,
                                           self.label_smoothing, self.reduction, self.chunk_size,
                                           self.lse_square_scale, self.ce_weight, self.softcap)

@@ -4,8 +4,9 @@ Forward, per row with target t (ignored rows: loss 0; a target outside [0, V): l
     lse  = log(sum(exp(x)))                          (one pass: max and sum merged online,
                                                      across warps and the CTAs of a cluster)
     loss = lse - (1 - eps) * x[t] - eps / V * sum(x) + z * lse^2
-with eps the label smoothing and z the lse-square (z-loss) scale. lse is stored for the
-backward. Optionally the forward also writes the gradient (times a scale read from device
+with eps the label smoothing and z the lse-square (z-loss) scale. With a soft cap c, x stands
+for c * tanh(x / c) throughout (the logits are capped as they are loaded) and the gradient
+is times the cap's derivative 1 - tanh^2(x / c). lse is stored for the backward. Optionally the forward also writes the gradient (times a scale read from device
 memory, e.g. 1 / number of counted rows), so the logits are read once for loss and gradient;
 the gradient may overwrite the logits. With a scale the stored per-row loss is scaled too, so
 a mean is the plain sum of the stored rows (``InverseCountSm90`` computes 1 / counted rows on
@@ -26,6 +27,8 @@ Constraints:
   - V static per compiled kernel, M dynamic; V <= 524288
   - target is never used to index out of bounds; a logit of -inf counts as 0 in the
     label-smoothing sum
+  - with a soft cap a logit of -inf stays -inf in the row's sums (its capped value is -c: the
+    sum of exponentials lacks exp(-c) for it); at the target column it is capped to -c
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ class CrossEntropyConfig:
     z_loss: bool  # lse-square term compiled in
     write_grad: bool = False  # forward also writes the gradient
     scaled: bool = False  # forward: loss (and gradient) times scale[0]
+    softcap: bool = False  # logits capped to c * tanh(x / c) as they are loaded
 
 
 def _softmax_sum(a: tuple, b: tuple) -> tuple:
@@ -83,6 +87,22 @@ def _load_logit(mX: cute.Tensor, row, target: Int64, in_range: Boolean) -> Float
 
 
 @cute.jit
+def _soft_cap(x, cap: Float32):
+    """c * tanh(x / c) of a row slice (fp32), -inf (padding) left as it is; and the cap's
+    derivative 1 - tanh^2 (0 at -inf). The accurate tanh: the approximate one is off by up to
+    ~2^-11 of c."""
+    t = cute.math.tanh(x * (1.0 / cap))
+    return cute.where(x == -Float32.inf, x, t * cap), 1.0 - t * t
+
+
+@cute.jit
+def _cap_scalar(x: Float32, cap: Float32):
+    """c * tanh(x / c) of one logit, and the cap's derivative there."""
+    t = cute.math.tanh(x * (1.0 / cap))
+    return t * cap, 1.0 - t * t
+
+
+@cute.jit
 def _load_row_pair(mA: cute.Tensor, mB: cute.Tensor, row, m_rows):
     a, b = Float32(0.0), Float32(0.0)
     if row < m_rows:
@@ -102,9 +122,10 @@ class _CrossEntropyKernel(RowKernel):
 
     @cute.jit
     def _gradient(self, mGrad, coords, pred, tile, p, lse, scale, row, target, counted, in_range,
-                  x_target: Float32, smoothing: Float32, z_scale: Float32):
+                  x_target: Float32, smoothing: Float32, z_scale: Float32, cap_slope, slope_target):
         """Write scale * dloss/dx for this thread's slice of the row (0 for ignored rows), given
-        ``p`` = softmax of the slice. The
+        ``p`` = softmax of the slice (with a soft cap, ``cap_slope`` is the slice's cap
+        derivative and ``slope_target`` the target's; both None without). The
         -(1 - eps) at the target column is written afterwards, as one scalar, by the thread
         whose slice holds that column (its own earlier vector store is ordered before it)."""
         cfg, rows = self.config, self.rows
@@ -113,7 +134,10 @@ class _CrossEntropyKernel(RowKernel):
         floor = smoothing * (1.0 / rows.n) if const_expr(cfg.smoothing) else Float32(0.0)
         tXgG = thread_fragment(mGrad, make_row_copy(mGrad.element_type, rows), rows, tile)
         tXrG = cute.make_rmem_tensor_like(tXgG)
-        tXrG.store(((p * factor - floor) * row_scale).to(mGrad.element_type))
+        if const_expr(cfg.softcap):
+            tXrG.store(((p * factor - floor) * row_scale * cap_slope).to(mGrad.element_type))
+        else:
+            tXrG.store(((p * factor - floor) * row_scale).to(mGrad.element_type))
         store_fragment(tXrG, tXgG, pred)
         # Columns of this thread: first + k * stride + v for k < vecs_per_thread, v < vec.
         offset = target - Int64(coords[0][1])
@@ -124,7 +148,10 @@ class _CrossEntropyKernel(RowKernel):
         if counted and in_range and mine and row < mGrad.shape[0]:
             p_t = cute.math.exp2(x_target * LOG2_E - lse * LOG2_E, fastmath=True)
             hit = 1.0 - smoothing if const_expr(cfg.smoothing) else Float32(1.0)
-            mGrad[row, target] = ((p_t * factor - floor - hit) * row_scale).to(mGrad.element_type)
+            g_t = (p_t * factor - floor - hit) * row_scale
+            if const_expr(cfg.softcap):
+                g_t = g_t * slope_target
+            mGrad[row, target] = g_t.to(mGrad.element_type)
 
 
 class CrossEntropyFwdSm90(_CrossEntropyKernel):
@@ -133,14 +160,15 @@ class CrossEntropyFwdSm90(_CrossEntropyKernel):
 
     @cute.jit
     def __call__(self, mX, mTarget, mLoss, mLse, mGrad, mScale, ignore_index: Int64,
-                 smoothing: Float32, z_scale: Float32, stream):
+                 smoothing: Float32, z_scale: Float32, softcap: Float32, stream):
         grid_x = cute.ceil_div(mX.shape[0], self.rows.rows_per_cta)
-        kernel = self.kernel(mX, mTarget, mLoss, mLse, mGrad, mScale, ignore_index, smoothing, z_scale)
+        kernel = self.kernel(mX, mTarget, mLoss, mLse, mGrad, mScale, ignore_index, smoothing, z_scale,
+                             softcap)
         self._launch(kernel, grid_x, stream)
 
     @cute.kernel
     def kernel(self, mX, mTarget, mLoss, mLse, mGrad, mScale, ignore_index: Int64,
-               smoothing: Float32, z_scale: Float32):
+               smoothing: Float32, z_scale: Float32, softcap: Float32):
         cfg, rows = self.config, self.rows
         smem = cutlass.memory.SmemAllocator()
         width = 3 if const_expr(cfg.smoothing) else 2
@@ -156,6 +184,10 @@ class CrossEntropyFwdSm90(_CrossEntropyKernel):
         tXrX = cute.make_rmem_tensor_like(tXgX)
         load_fragments(pred, (tXgX, tXrX, None, -mX.element_type.inf))
         x = tXrX.load().to(Float32)
+        cap_slope, slope_target = None, None
+        if const_expr(cfg.softcap):
+            x, cap_slope = _soft_cap(x, softcap)
+            x_target, slope_target = _cap_scalar(x_target, softcap)
 
         group = const_expr(min(rows.threads_per_row, 32))
         (warp_max,) = shuffle_combine((x.reduce(cute.ReductionOp.MAX, -Float32.inf, 0),), maximum, group)
@@ -195,7 +227,7 @@ class CrossEntropyFwdSm90(_CrossEntropyKernel):
             # softmax = e * exp(shift - lse): reuse e rather than keep x alive for another exp
             p = e * cute.math.exp2((shift - lse) * LOG2_E, fastmath=True)
             self._gradient(mGrad, coords, pred, tile, p, lse, scale, row, target,
-                           counted, in_range, x_target, smoothing, z_scale)
+                           counted, in_range, x_target, smoothing, z_scale, cap_slope, slope_target)
 
 
 class CrossEntropyBwdSm90(_CrossEntropyKernel):
@@ -203,14 +235,14 @@ class CrossEntropyBwdSm90(_CrossEntropyKernel):
 
     @cute.jit
     def __call__(self, mX, mTarget, mLse, mdLoss, mGrad, ignore_index: Int64, smoothing: Float32,
-                 z_scale: Float32, stream):
+                 z_scale: Float32, softcap: Float32, stream):
         grid_x = cute.ceil_div(mX.shape[0], self.rows.rows_per_cta)
-        kernel = self.kernel(mX, mTarget, mLse, mdLoss, mGrad, ignore_index, smoothing, z_scale)
+        kernel = self.kernel(mX, mTarget, mLse, mdLoss, mGrad, ignore_index, smoothing, z_scale, softcap)
         self._launch(kernel, grid_x, stream)
 
     @cute.kernel
     def kernel(self, mX, mTarget, mLse, mdLoss, mGrad, ignore_index: Int64, smoothing: Float32,
-               z_scale: Float32):
+               z_scale: Float32, softcap: Float32):
         rows = self.rows
         tile = self._tile(cute.arch.block_idx()[0])
         coords = self._coords(mX, tile)
@@ -221,9 +253,14 @@ class CrossEntropyBwdSm90(_CrossEntropyKernel):
         row, target, counted, in_range = self._row_info(mX, mTarget, coords, ignore_index)
         lse, dloss = _load_row_pair(mLse, mdLoss, row, mX.shape[0])
         x_target = _load_logit(mX, row, target, in_range)
-        p = cute.math.exp2(tXrX.load().to(Float32) * LOG2_E - lse * LOG2_E, fastmath=True)
+        x = tXrX.load().to(Float32)
+        cap_slope, slope_target = None, None
+        if const_expr(self.config.softcap):
+            x, cap_slope = _soft_cap(x, softcap)
+            x_target, slope_target = _cap_scalar(x_target, softcap)
+        p = cute.math.exp2(x * LOG2_E - lse * LOG2_E, fastmath=True)
         self._gradient(mGrad, coords, pred, tile, p, lse, dloss, row, target,
-                       counted, in_range, x_target, smoothing, z_scale)
+                       counted, in_range, x_target, smoothing, z_scale, cap_slope, slope_target)
 
 
 SCALE_ROWS_CTAS = 1024  # grid cap: CTAs loop over row tiles, so a skipped scaling is cheap

@@ -26,31 +26,39 @@ def _target_spec(dtype):
     return TensorSpec(name, (Sym("m"),), (1,), 8 if dtype == torch.int64 else 4)
 
 
+def _held(x_t, grad_t, softcap: bool) -> int:
+    """Row-sized fragments a forward thread keeps in registers: with a soft cap and the
+    gradient, the cap's derivative beside the exponentials; for 32-bit rows (twice the
+    elements per thread) that takes a second fragment's worth."""
+    return 2 if softcap and grad_t is not None and widest_itemsize((x_t, grad_t)) >= 4 else 1
+
+
 def _build_forward(key, vec):
     from .cross_entropy import CrossEntropyConfig, CrossEntropyFwdSm90  # imported at the first compile
 
-    x_t, target_t, grad_t, smoothing, z_loss, scaled, n = key
-    rows = row_config(n, vec, widest_itemsize((x_t, grad_t)), tensors_held=1)
+    x_t, target_t, grad_t, smoothing, z_loss, scaled, softcap, n = key
+    rows = row_config(n, vec, widest_itemsize((x_t, grad_t)), tensors_held=_held(x_t, grad_t, softcap))
     # Direct loads, so the target's dependent scalar loads overlap the row's.
     rows = dataclasses.replace(rows, stage_smem=False)
-    config = CrossEntropyConfig(rows, smoothing, z_loss, grad_t is not None, scaled)
+    config = CrossEntropyConfig(rows, smoothing, z_loss, grad_t is not None, scaled, softcap)
     x = row_specs((x_t,), n, vec)
     grad = None if grad_t is None else row_specs((grad_t,), n, vec)[0]
     specs = (x[0], _target_spec(target_t), _ROW_STAT, _ROW_STAT, grad,
              _SCALE if scaled else None, ScalarSpec("int64"), ScalarSpec("float32"),
-             ScalarSpec("float32"), x[-1])
+             ScalarSpec("float32"), ScalarSpec("float32"), x[-1])
     return CrossEntropyFwdSm90, config, specs
 
 
 def _build_backward(key, vec):
     from .cross_entropy import CrossEntropyBwdSm90, CrossEntropyConfig
 
-    x_t, target_t, grad_t, smoothing, z_loss, n = key
+    x_t, target_t, grad_t, smoothing, z_loss, softcap, n = key
     rows = row_config(n, vec, widest_itemsize((x_t, grad_t)), tensors_held=1)
-    config = CrossEntropyConfig(rows, smoothing, z_loss)
+    config = CrossEntropyConfig(rows, smoothing, z_loss, softcap=softcap)
     x, grad = row_specs((x_t, grad_t), n, vec)[:2]
     specs = (x, _target_spec(target_t), _ROW_STAT, _ROW_SCALE, grad, ScalarSpec("int64"),
-             ScalarSpec("float32"), ScalarSpec("float32"), row_specs((), n, vec)[-1])
+             ScalarSpec("float32"), ScalarSpec("float32"), ScalarSpec("float32"),
+             row_specs((), n, vec)[-1])
     return CrossEntropyBwdSm90, config, specs
 
 
@@ -94,33 +102,35 @@ def scale_rows(x: torch.Tensor, scale: torch.Tensor) -> None:
     "cross_entropy_fwd",
     mutates_args=("loss", "lse", "grad"),
     schema="(Tensor logits, Tensor target, Tensor(a!) loss, Tensor(b!) lse, Tensor(c!)? grad, "
-    "Tensor? grad_scale, int ignore_index, float label_smoothing, float lse_square_scale) -> ()",
+    "Tensor? grad_scale, int ignore_index, float label_smoothing, float lse_square_scale, "
+    "float softcap) -> ()",
 )
 def cross_entropy_fwd(logits, target, loss, lse, grad, grad_scale, ignore_index: int,
-                      label_smoothing: float, lse_square_scale: float) -> None:
-    """Per-row loss and lse of (M, V) logits; with ``grad``, also dloss/dlogits (``grad`` may be
-    ``logits`` itself). With ``grad_scale``, the loss and gradient rows are times grad_scale[0].
-    M >= 1."""
+                      label_smoothing: float, lse_square_scale: float, softcap: float) -> None:
+    """Per-row loss and lse of (M, V) logits (capped to softcap * tanh(x / softcap) unless
+    softcap is 0); with ``grad``, also dloss/dlogits (``grad`` may be ``logits`` itself).
+    With ``grad_scale``, the loss and gradient rows are times grad_scale[0]. M >= 1."""
     key = (logits.dtype, target.dtype, None if grad is None else grad.dtype, label_smoothing > 0,
-           lse_square_scale > 0, grad_scale is not None, logits.shape[1])
+           lse_square_scale > 0, grad_scale is not None, softcap > 0, logits.shape[1])
     tensors = (logits,) if grad is None or grad is logits else (logits, grad)
     _forward_kernels(key, tensors, logits, target, loss, lse, grad, grad_scale, ignore_index,
-                     label_smoothing, lse_square_scale)
+                     label_smoothing, lse_square_scale, softcap or 1.0)
 
 
 @kernel_op(
     "cross_entropy_bwd",
     mutates_args=("grad",),
     schema="(Tensor logits, Tensor target, Tensor lse, Tensor dloss, Tensor(a!) grad, "
-    "int ignore_index, float label_smoothing, float lse_square_scale) -> ()",
+    "int ignore_index, float label_smoothing, float lse_square_scale, float softcap) -> ()",
 )
 def cross_entropy_bwd(logits, target, lse, dloss, grad, ignore_index: int, label_smoothing: float,
-                      lse_square_scale: float) -> None:
-    """grad[M, V] = dloss[row] * dloss_row/dlogits, from the logits and the stored lse."""
+                      lse_square_scale: float, softcap: float) -> None:
+    """grad[M, V] = dloss[row] * dloss_row/dlogits, from the logits and the stored lse (with
+    the forward's soft cap: 0 for none)."""
     key = (logits.dtype, target.dtype, grad.dtype, label_smoothing > 0, lse_square_scale > 0,
-           logits.shape[1])
+           softcap > 0, logits.shape[1])
     _backward_kernels(key, (logits, grad), logits, target, lse, dloss, grad, ignore_index,
-                      label_smoothing, lse_square_scale)
+                      label_smoothing, lse_square_scale, softcap or 1.0)
 
 
 # ----------------------------------------------------------------------------- validation
@@ -139,6 +149,25 @@ def check_arguments(logits, target, ignore_index, label_smoothing, reduction, ls
         raise UnsupportedError(f"ignore_index must be an int, got {ignore_index!r}")
 
 
+def check_softcap(softcap) -> float:
+    """The soft cap as a float (0.0 for None); refuses anything but None or a positive number."""
+    if softcap is not None and (isinstance(softcap, bool) or not isinstance(softcap, (int, float))
+                                or not softcap > 0):
+        raise UnsupportedError(f"softcap must be None or a positive number, got {softcap!r}")
+    return float(softcap or 0.0)
+
+
+def check_row_length(vocab: int, dtype: torch.dtype, softcap: float) -> None:
+    """Refuses, before anything runs, rows longer than the kernels take (524288 classes;
+    262144 for 32-bit logits with a soft cap)."""
+    held = _held(dtype, dtype, softcap > 0)
+    try:
+        row_config(vocab, 1, 4, tensors_held=held)
+    except UnsupportedError as exc:
+        why = f" with {dtype} logits and a soft cap" if held > 1 else ""
+        raise UnsupportedError(f"{vocab} classes{why}: {exc}") from None
+
+
 def as_rows(t: torch.Tensor) -> torch.Tensor:
     if t.stride(-1) != 1:
         t = t.contiguous()
@@ -146,12 +175,14 @@ def as_rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def torch_cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.0, reduction="mean",
-                        lse_square_scale=0.0, weight=None):
+                        lse_square_scale=0.0, weight=None, softcap=None):
     """What :func:`cross_entropy` computes, with torch (the modules' path off CUDA): class
-    dim last, fp32 at least; the z-loss ``lse_square_scale * lse^2`` per counted row, times
-    the row's class weight."""
+    dim last, fp32 at least; the logits capped to ``softcap * tanh(x / softcap)`` first; the
+    z-loss ``lse_square_scale * lse^2`` per counted row, times the row's class weight."""
     x = logits.reshape(-1, logits.shape[-1])
     x = x if x.dtype == torch.float64 else x.float()
+    if softcap:
+        x = softcap * torch.tanh(x / softcap)
     t = target.reshape(-1)
     weight = None if weight is None else weight.to(x.dtype)
     loss = torch.nn.functional.cross_entropy(x, t, weight=weight, ignore_index=ignore_index,
@@ -183,7 +214,7 @@ class _CrossEntropy(torch.autograd.Function):
     divided by the number of counted rows, so the loss is the sum of the rows."""
 
     @staticmethod
-    def forward(ctx, logits, target, ignore_index, smoothing, reduction, z, inplace):
+    def forward(ctx, logits, target, ignore_index, smoothing, reduction, z, cap, inplace):
         x2, t2 = as_rows(logits), target.reshape(-1)
         m = x2.shape[0]
         loss_rows = torch.empty(m, dtype=torch.float32, device=logits.device)
@@ -192,8 +223,8 @@ class _CrossEntropy(torch.autograd.Function):
         grad = (x2 if inplace else torch.empty_like(x2)) if fused else None
         scale = mean_scale(t2, ignore_index) if reduction == "mean" else None
         if m:
-            cross_entropy_fwd(x2, t2, loss_rows, lse, grad, scale, ignore_index, smoothing, z)
-        ctx.args = (ignore_index, smoothing, reduction, z, fused, logits.shape)
+            cross_entropy_fwd(x2, t2, loss_rows, lse, grad, scale, ignore_index, smoothing, z, cap)
+        ctx.args = (ignore_index, smoothing, reduction, z, cap, fused, logits.shape)
         if fused:
             ctx.save_for_backward(grad)
         else:
@@ -206,19 +237,19 @@ class _CrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dloss):
-        ignore_index, smoothing, reduction, z, fused, shape = ctx.args
+        ignore_index, smoothing, reduction, z, cap, fused, shape = ctx.args
         if fused:
             (grad,) = ctx.saved_tensors
             if grad.shape[0]:
                 scale_rows(grad, dloss.float().reshape(1))
-            return grad.view(shape), None, None, None, None, None, None
+            return grad.view(shape), None, None, None, None, None, None, None
         x2, t2, lse = ctx.saved_tensors
         m = x2.shape[0]
         drows = dloss.float().reshape(m)
         grad = torch.empty_like(x2)
         if m:
-            cross_entropy_bwd(x2, t2, lse, drows, grad, ignore_index, smoothing, z)
-        return grad.view(shape), None, None, None, None, None, None
+            cross_entropy_bwd(x2, t2, lse, drows, grad, ignore_index, smoothing, z, cap)
+        return grad.view(shape), None, None, None, None, None, None, None
 
 
 class _WeightedCrossEntropy(torch.autograd.Function):
@@ -227,18 +258,18 @@ class _WeightedCrossEntropy(torch.autograd.Function):
     weight (and the mean's divisor) folded into its per-row incoming gradient."""
 
     @staticmethod
-    def forward(ctx, logits, target, weight, ignore_index, reduction, z):
+    def forward(ctx, logits, target, weight, ignore_index, reduction, z, cap):
         x2, t2 = as_rows(logits), target.reshape(-1)
         m, v = x2.shape
         loss_rows = torch.empty(m, dtype=torch.float32, device=logits.device)
         lse = torch.empty(m, dtype=torch.float32, device=logits.device)
         if m:
-            cross_entropy_fwd(x2, t2, loss_rows, lse, None, None, ignore_index, 0.0, z)
+            cross_entropy_fwd(x2, t2, loss_rows, lse, None, None, ignore_index, 0.0, z, cap)
         row_weight = weight.float()[t2.clamp(0, v - 1)] * (t2 != ignore_index)
         weighted = loss_rows * row_weight
         total = row_weight.sum()
         ctx.save_for_backward(x2, t2, lse, row_weight, total)
-        ctx.args = (ignore_index, reduction, z, logits.shape)
+        ctx.args = (ignore_index, reduction, z, cap, logits.shape)
         if reduction == "none":
             return weighted.view(target.shape)
         return weighted.sum() / total if reduction == "mean" else weighted.sum()
@@ -246,20 +277,20 @@ class _WeightedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dloss):
         x2, t2, lse, row_weight, total = ctx.saved_tensors
-        ignore_index, reduction, z, shape = ctx.args
+        ignore_index, reduction, z, cap, shape = ctx.args
         m = x2.shape[0]
         drows = dloss.float().reshape(-1) * row_weight
         if reduction == "mean":
             drows = drows / total
         grad = torch.empty_like(x2)
         if m:
-            cross_entropy_bwd(x2, t2, lse, drows.contiguous(), grad, ignore_index, 0.0, z)
-        return grad.view(shape), None, None, None, None, None
+            cross_entropy_bwd(x2, t2, lse, drows.contiguous(), grad, ignore_index, 0.0, z, cap)
+        return grad.view(shape), None, None, None, None, None, None
 
 
 def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: float = 0.0,
                   reduction: str = "mean", lse_square_scale: float = 0.0,
-                  inplace_backward: bool = False, weight=None):
+                  inplace_backward: bool = False, weight=None, softcap: float | None = None):
     """Cross-entropy of ``logits`` (..., V) against class indices ``target`` (...).
 
     The class dim is the last one (``F.cross_entropy`` takes it at dim 1). The loss is fp32.
@@ -278,6 +309,9 @@ def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: flo
             times ``weight[target]`` and "mean" divides by the sum of the counted rows'
             weights (NaN when it is 0, as torch). The z-loss term of a row is weighted with
             it. Not with label smoothing or ``inplace_backward``; ``weight`` gets no gradient.
+        softcap: > 0 caps the logits to ``softcap * tanh(logits / softcap)`` (Gemma 2's
+            final-logit soft cap) inside the kernels: the loss is that of the capped logits,
+            the gradient is through the cap. None or 0: no cap.
 
     With a gradient needed and reduction "mean" or "sum", the gradient is computed in the
     forward (the logits are read once) and kept until the backward, which scales it by the
@@ -289,8 +323,11 @@ def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: flo
         device assert, never an out-of-bounds read)
       - with ``weight`` the backward reads the logits again (the gradient is not written in
         the forward)
+      - with ``softcap``, a logit of -inf stays -inf in the row's sum of exponentials (torch's
+        capped value is -softcap, adding exp(-softcap) to the sum)
     """
     check_arguments(logits, target, ignore_index, label_smoothing, reduction, lse_square_scale)
+    cap = check_softcap(softcap)
     if logits.dim() == 0 or tuple(target.shape) != tuple(logits.shape[:-1]):
         raise UnsupportedError(
             f"target must have logits' shape without the class dim: logits {tuple(logits.shape)}, "
@@ -300,7 +337,7 @@ def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: flo
         raise UnsupportedError("inplace_backward needs reduction='mean' or 'sum'")
     if logits.shape[-1] == 0:
         raise UnsupportedError("logits must have at least one class")
-    row_config(logits.shape[-1], 1, 4, tensors_held=1)  # refuse rows too long before running
+    check_row_length(logits.shape[-1], logits.dtype, cap)
     if weight is not None:
         check_tensor("weight", weight, FLOAT_DTYPES, logits)
         if tuple(weight.shape) != (logits.shape[-1],):
@@ -312,11 +349,11 @@ def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: flo
         if inplace_backward:
             raise UnsupportedError("weight with inplace_backward=True is not supported")
         return _WeightedCrossEntropy.apply(logits, target, weight, ignore_index, reduction,
-                                           float(lse_square_scale))
+                                           float(lse_square_scale), cap)
     needs_grad = logits.requires_grad and torch.is_grad_enabled()
     inplace = bool(inplace_backward and needs_grad and not torch.compiler.is_compiling())
     return _CrossEntropy.apply(logits, target, ignore_index, float(label_smoothing), reduction,
-                               float(lse_square_scale), inplace)
+                               float(lse_square_scale), cap, inplace)
 
 
 # ----------------------------------------------------------------------------- configurations
@@ -326,7 +363,8 @@ SAMPLE_VOCABS = (1, 7, 1000, 4096, 32000, 32768, 128256, 131072, 262144)
 
 def compile_configurations(quick: bool = False):
     """(kernel class, config, specs) for the cross-entropy kernels: forward with and without
-    the gradient, backward; with and without label smoothing and z-loss; bf16 / fp16 / fp32."""
+    the gradient, backward; with none or all of label smoothing, z-loss and the soft cap;
+    bf16 / fp16 / fp32."""
     found = {}
     vocabs = (7, 32768, 128256) if quick else SAMPLE_VOCABS
     dtypes = (torch.bfloat16,) if quick else (torch.bfloat16, torch.float16, torch.float32)
@@ -334,11 +372,11 @@ def compile_configurations(quick: bool = False):
         for n in vocabs:
             vec = vector_width(n, widest_itemsize((x_t,)), 0)
             found[("scale", x_t, n)] = _build_scale((x_t, n), vec)
-            for smoothing, z in ((False, False), (True, True)):
+            for smoothing, z, cap in ((False, False, False), (True, True, True)):
                 for grad_t, scaled in ((None, False), (None, True), (x_t, False), (x_t, True)):
-                    key = (x_t, torch.int64, grad_t, smoothing, z, scaled, n)
+                    key = (x_t, torch.int64, grad_t, smoothing, z, scaled, cap, n)
                     found[("fwd",) + key] = _build_forward(key, vec)
-                key = (x_t, torch.int64, x_t, smoothing, z, n)
+                key = (x_t, torch.int64, x_t, smoothing, z, cap, n)
                 found[("bwd",) + key] = _build_backward(key, vec)
     from .cross_entropy import InverseCountSm90
 
