@@ -10,9 +10,10 @@ tolerances); only the Liger names they call are replaced by shims on top of ours
 
   - ``LigerCrossEntropyLoss`` / ``liger_cross_entropy`` / ``LigerCrossEntropyFunction``:
     ``ck.cross_entropy`` (``weight``, ``ignore_index``, ``label_smoothing``,
-    ``lse_square_scale``, ``softcap``, every reduction). Liger returns the loss in the
-    logits' dtype (ours is fp32): the shim casts it, so the upstream ``torch.allclose``
-    against torch's loss compares like dtypes.
+    ``lse_square_scale``, ``softcap``, ``return_z_loss``, every reduction). Liger returns the
+    loss in the logits' dtype (ours is fp32): the shim casts it, so the upstream
+    ``torch.allclose`` against torch's loss compares like dtypes; ``(loss, z_loss)`` goes into
+    Liger's ``CrossEntropyOutput``.
   - ``LigerFusedLinearCrossEntropyLoss`` / ``liger_fused_linear_cross_entropy`` /
     ``LigerFusedLinearCrossEntropyFunction``: ``ck.fused_linear_cross_entropy`` (Liger's
     ``(weight, input, target, bias)`` argument order in the module; ``accum_dtype`` of None
@@ -22,8 +23,7 @@ tolerances); only the Liger names they call are replaced by shims on top of ours
   - ``LigerLayerNorm`` / ``liger_layer_norm`` / ``LigerLayerNormFunction``: ``ck.layer_norm``.
   - ``LigerSoftmax`` / ``liger_softmax``: ``ck.softmax`` over the last dim.
 
-What has no counterpart here skips where it is asked for: ``return_z_loss``,
-``return_token_accuracy``, ``return_predicted_tokens``, ``use_token_scaling``, class weights
+What has no counterpart here skips where it is asked for: ``return_token_accuracy``, ``return_predicted_tokens``, ``use_token_scaling``, class weights
 together with label smoothing, ``row_mode``. Not collected: tests of Liger's internals (its
 Triton kernel called directly), multi-GPU DTensor tests, and the out-of-range-target test
 (Liger raises on the host; ours gives that row a NaN loss without a synchronization). Liger's RMSNorm module calls
@@ -50,6 +50,8 @@ if not torch.cuda.is_available():
     pytest.skip("no CUDA GPU on this machine", allow_module_level=True)
 pytest.importorskip("liger_kernel")
 
+from liger_kernel.transformers.functional import CrossEntropyOutput  # noqa: E402
+
 import cute_kernels as ck  # noqa: E402
 
 
@@ -67,24 +69,29 @@ def liger_cross_entropy(input, target, weight=None, size_average=None, ignore_in
                         reduce=None, reduction="mean", label_smoothing=0.0, lse_square_scale=0.0,
                         softcap=None, return_z_loss=False, return_token_accuracy=False,
                         return_predicted_tokens=False):
-    _unsupported(return_z_loss=return_z_loss, return_token_accuracy=return_token_accuracy,
+    _unsupported(return_token_accuracy=return_token_accuracy,
                  return_predicted_tokens=return_predicted_tokens)
     if weight is not None and label_smoothing > 0:
         pytest.skip("class weights with label smoothing: not supported by ck.cross_entropy")
-    loss = ck.cross_entropy(input, target, ignore_index=ignore_index,
-                            label_smoothing=label_smoothing, reduction=reduction,
-                            lse_square_scale=lse_square_scale, weight=weight, softcap=softcap)
-    return loss.to(input.dtype)
+    result = ck.cross_entropy(input, target, ignore_index=ignore_index,
+                              label_smoothing=label_smoothing, reduction=reduction,
+                              lse_square_scale=lse_square_scale, weight=weight, softcap=softcap,
+                              return_z_loss=return_z_loss)
+    if not return_z_loss:
+        return result.to(input.dtype)
+    return CrossEntropyOutput(loss=result[0].to(input.dtype), z_loss=result[1].to(input.dtype))
 
 
 class LigerCrossEntropyFunction:
     @staticmethod
     def apply(input, target, weight, ignore_index, lse_square_scale, label_smoothing, reduction,
               softcap, return_z_loss, return_token_accuracy, return_predicted_tokens):
-        loss = liger_cross_entropy(input, target, weight, None, ignore_index, None, reduction,
-                                   label_smoothing, lse_square_scale, softcap, return_z_loss,
-                                   return_token_accuracy, return_predicted_tokens)
-        return loss, None, None, None
+        result = liger_cross_entropy(input, target, weight, None, ignore_index, None, reduction,
+                                     label_smoothing, lse_square_scale, softcap, return_z_loss,
+                                     return_token_accuracy, return_predicted_tokens)
+        if return_z_loss:
+            return result.loss, result.z_loss, None, None
+        return result, None, None, None
 
 
 class LigerCrossEntropyLoss(torch.nn.Module):
@@ -110,7 +117,7 @@ def liger_fused_linear_cross_entropy(input, weight, target, bias=None, ce_weight
                                      reduction="mean", softcap=None, return_z_loss=False,
                                      accum_dtype=None, use_token_scaling=False,
                                      return_token_accuracy=False, return_predicted_tokens=False):
-    _unsupported(return_z_loss=return_z_loss, use_token_scaling=use_token_scaling,
+    _unsupported(use_token_scaling=use_token_scaling,
                  return_token_accuracy=return_token_accuracy,
                  return_predicted_tokens=return_predicted_tokens)
     if accum_dtype not in (None, torch.float32):
@@ -118,10 +125,11 @@ def liger_fused_linear_cross_entropy(input, weight, target, bias=None, ce_weight
     if ce_weight is not None and label_smoothing > 0:
         pytest.skip("class weights with label smoothing: not supported by "
                     "ck.fused_linear_cross_entropy")
-    return ck.fused_linear_cross_entropy(input, weight, target, bias, ignore_index=ignore_index,
-                                         label_smoothing=label_smoothing, reduction=reduction,
-                                         lse_square_scale=lse_square_scale, ce_weight=ce_weight,
-                                         softcap=softcap)
+    result = ck.fused_linear_cross_entropy(input, weight, target, bias, ignore_index=ignore_index,
+                                           label_smoothing=label_smoothing, reduction=reduction,
+                                           lse_square_scale=lse_square_scale, ce_weight=ce_weight,
+                                           softcap=softcap, return_z_loss=return_z_loss)
+    return CrossEntropyOutput(loss=result[0], z_loss=result[1]) if return_z_loss else result
 
 
 class LigerFusedLinearCrossEntropyFunction:
@@ -129,11 +137,13 @@ class LigerFusedLinearCrossEntropyFunction:
     def apply(input, weight, target, bias, ce_weight, ignore_index, lse_square_scale,
               label_smoothing, reduction, softcap, return_z_loss, accum_dtype, use_token_scaling,
               return_token_accuracy, return_predicted_tokens):
-        loss = liger_fused_linear_cross_entropy(
+        result = liger_fused_linear_cross_entropy(
             input, weight, target, bias, ce_weight, ignore_index, lse_square_scale,
             label_smoothing, reduction, softcap, return_z_loss, accum_dtype, use_token_scaling,
             return_token_accuracy, return_predicted_tokens)
-        return loss, None, None, None
+        if return_z_loss:
+            return result.loss, result.z_loss, None, None
+        return result, None, None, None
 
 
 class LigerFusedLinearCrossEntropyLoss(torch.nn.Module):
@@ -245,10 +255,12 @@ _export("test_cross_entropy",
          "test_correctness_with_softcap_once", "test_correctness_with_z_loss_once",
          "test_correctness_with_z_loss_with_other_params_once", "test_correctness_with_weight_once",
          "test_correctness_with_weight_with_other_params_once", "test_correctness_not_last_layer",
-         "test_correctness_not_last_layer_with_other_params", "test_correctness_with_forward_only"))
+         "test_correctness_not_last_layer_with_other_params", "test_correctness_with_forward_only",
+         "test_liger_cross_entropy_structured_output"))
 _export("test_fused_linear_cross_entropy",
         ("test_correctness", "test_correctness_with_forward_only", "test_correctness_functional",
-         "test_amp", "test_correctness_reduction_none_per_token_grad_output"))
+         "test_amp", "test_correctness_reduction_none_per_token_grad_output",
+         "test_liger_fused_linear_cross_entropy_structured_output"))
 _export("test_rms_norm", ("test_correctness", "test_correctness_functional"))
 _export("test_layer_norm", ("test_liger_layer_norm", "test_liger_layer_norm_functional"))
 _export("test_softmax", ("test_liger_softmax", "test_liger_softmax_functional"))

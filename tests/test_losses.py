@@ -22,6 +22,22 @@ def test_cpu_tensor_is_refused():
         ck.cross_entropy(torch.randn(4, 8), torch.zeros(4, dtype=torch.long))
 
 
+def test_modules_return_z_loss_off_cuda():
+    x = torch.randn(30, 11) * 3
+    t = torch.randint(0, 11, (30,))
+    t[::4] = -100
+    loss, z_loss = ck.CrossEntropyLoss(lse_square_scale=1e-2, return_z_loss=True)(x, t)
+    z_ref = 1e-2 * (torch.logsumexp(x, -1) ** 2)[t != -100].mean()
+    torch.testing.assert_close(z_loss, z_ref)
+    torch.testing.assert_close(loss, F.cross_entropy(x, t) + z_ref)
+    h, w = torch.randn(30, 8), torch.randn(11, 8)
+    loss, z_loss = ck.FusedLinearCrossEntropyLoss(lse_square_scale=1e-2, reduction="sum",
+                                                  return_z_loss=True)(h, w, t)
+    z_ref = 1e-2 * (torch.logsumexp(h @ w.t(), -1) ** 2)[t != -100].sum()
+    torch.testing.assert_close(z_loss, z_ref)
+    torch.testing.assert_close(loss, F.cross_entropy(h @ w.t(), t, reduction="sum") + z_ref)
+
+
 def test_module_softcap_off_cuda_and_probability_targets():
     # off CUDA the module computes the capped loss with torch; class-probability targets
     # (torch's own loss) are refused with a cap or a z-loss rather than silently dropping them
@@ -303,6 +319,61 @@ def test_softcap(reduction, dtype, v, smoothing, z):
     atol = 1e-6 if dtype == torch.float32 else 4e-3 * dx_ref.abs().max().item()
     torch.testing.assert_close(dx.double(), dx_ref, atol=atol, rtol=1e-4 if dtype == torch.float32 else 1e-2)
     assert (dx[::3] == 0).all()
+
+
+def _z_part(lse, t, z, reduction, weight=None, ignore_index=-100):
+    counted = (t != ignore_index).double()
+    if weight is not None:
+        counted = counted * weight.double()[t.clamp(0, len(weight) - 1)]
+    rows = z * lse.double() ** 2 * counted
+    return rows if reduction == "none" else rows.sum() / (counted.sum() if reduction == "mean" else 1)
+
+
+@gpu
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_return_z_loss(reduction, weighted):
+    # the z-loss part alone beside the loss (Liger's return_z_loss): z * lse^2 per counted row,
+    # reduced as the loss (weighted rows with class weights), without gradient; the loss and
+    # its gradient as without the option
+    m, v, z = 45, 3001, 1e-3
+    x = (torch.randn(m, v, device="cuda") * 4 + 2).requires_grad_()
+    t = torch.randint(0, v, (m,), device="cuda")
+    t[::4] = -100
+    w = torch.rand(v, device="cuda") + 0.5 if weighted else None
+    loss, z_loss = ck.cross_entropy(x, t, reduction=reduction, lse_square_scale=z, weight=w,
+                                    return_z_loss=True)
+    assert not z_loss.requires_grad and z_loss.shape == loss.shape
+    lse = torch.logsumexp(x.detach().double(), -1)
+    torch.testing.assert_close(z_loss.double(), _z_part(lse, t, z, reduction, w), atol=1e-6, rtol=1e-5)
+    plain = ck.cross_entropy(x, t, reduction=reduction, lse_square_scale=z, weight=w)
+    torch.testing.assert_close(loss, plain)
+    g = torch.rand_like(loss)
+    torch.testing.assert_close(torch.autograd.grad(loss, x, g)[0], torch.autograd.grad(plain, x, g)[0])
+    module_loss, module_z = ck.CrossEntropyLoss(weight=w, reduction=reduction, lse_square_scale=z,
+                                                return_z_loss=True)(x, t)
+    torch.testing.assert_close(module_z, z_loss)
+
+
+@gpu
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_fused_linear_cross_entropy_return_z_loss(reduction, weighted):
+    tokens, hidden, vocab, z = 1100, 64, 3001, 1e-3
+    h = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    wt = (torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16) / 4).requires_grad_()
+    t = torch.randint(0, vocab, (tokens,), device="cuda")
+    t[::5] = -100
+    cw = torch.rand(vocab, device="cuda") + 0.5 if weighted else None
+    loss, z_loss = ck.fused_linear_cross_entropy(h, wt, t, reduction=reduction, lse_square_scale=z,
+                                                 ce_weight=cw, softcap=20.0, return_z_loss=True)
+    assert not z_loss.requires_grad and z_loss.shape == loss.shape
+    lse = torch.logsumexp(_capped((h @ wt.t()).detach().double(), 20.0), -1)
+    torch.testing.assert_close(z_loss.double(), _z_part(lse, t, z, reduction, cw), atol=1e-4, rtol=1e-2)
+    plain = ck.fused_linear_cross_entropy(h, wt, t, reduction=reduction, lse_square_scale=z,
+                                          ce_weight=cw, softcap=20.0)
+    torch.testing.assert_close(loss, plain)
+    loss.sum().backward()
 
 
 @gpu

@@ -12,7 +12,7 @@ from ..gemm.config import Epilogue, GemmConfig
 from ..gemm.op import gemm_with_config
 from ..rowwise.cross_entropy_op import (FLOAT_DTYPES, as_rows, check_arguments, check_row_length,
                                         check_softcap, cross_entropy_bwd, cross_entropy_fwd,
-                                        mean_scale, scale_rows, torch_cross_entropy)
+                                        mean_scale, scale_rows, torch_cross_entropy, z_loss_part)
 from ..runtime import DTypeError, UnsupportedError, kernel_op
 from ..runtime.arch import sm_count
 from ..runtime.errors import check_tensor, describe
@@ -264,18 +264,20 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
     def forward(ctx, h2, weight, t2, bias, ignore_index, smoothing, z, softcap, reduction, chunk):
         device = h2.device
         loss = torch.empty((), dtype=torch.float32, device=device)
+        lse = torch.empty(h2.shape[0], dtype=torch.float32, device=device)
         grad_h = torch.empty_like(h2) if ctx.needs_input_grad[0] else None
         grad_w = torch.empty_like(weight) if ctx.needs_input_grad[1] else None
         grad_b = (torch.empty(weight.shape[0], dtype=torch.float32, device=device)
                   if bias is not None and ctx.needs_input_grad[3] else None)
-        fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, None, grad_h, grad_w, grad_b,
+        fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, lse, grad_h, grad_w, grad_b,
                                        ignore_index, smoothing, z, softcap, reduction, chunk)
         ctx.save_for_backward(grad_h, grad_w, grad_b)
         ctx.bias_dtype = None if bias is None else bias.dtype
-        return loss
+        ctx.mark_non_differentiable(lse)
+        return loss, lse
 
     @staticmethod
-    def backward(ctx, dloss):
+    def backward(ctx, dloss, _):
         grad_h, grad_w, grad_b = ctx.saved_tensors
         scale = dloss.float().reshape(1)  # device-side: no traffic at all when it is 1
         if grad_h is not None and grad_h.numel():
@@ -299,10 +301,11 @@ class _FusedLinearCrossEntropyPerRow(torch.autograd.Function):
         ctx.save_for_backward(h2, weight, t2, bias, lse)
         ctx.ignore_index, ctx.smoothing, ctx.z, ctx.chunk = ignore_index, smoothing, z, chunk
         ctx.softcap = softcap
-        return loss
+        ctx.mark_non_differentiable(lse)
+        return loss, lse
 
     @staticmethod
-    def backward(ctx, dloss):
+    def backward(ctx, dloss, _):
         h2, weight, t2, bias, lse = ctx.saved_tensors
         need_h, need_w, _, need_b = ctx.needs_input_grad[:4]
         grad_h = torch.empty_like(h2) if need_h else None
@@ -332,7 +335,8 @@ def _weighted(rows, t2, ce_weight, ignore_index: int, reduction: str) -> torch.T
 def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: int = -100,
                                label_smoothing: float = 0.0, reduction: str = "mean",
                                chunk_size: int | None = None, lse_square_scale: float = 0.0,
-                               ce_weight: torch.Tensor | None = None, softcap: float | None = None):
+                               ce_weight: torch.Tensor | None = None, softcap: float | None = None,
+                               return_z_loss: bool = False):
     """``cross_entropy(hidden @ weight.T + bias, target)`` without materializing the logits.
 
     Tokens are processed in chunks: the chunk's logits come from one GEMM, the cross-entropy
@@ -366,6 +370,8 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: 
         softcap: optional cap of the logits, ``softcap * tanh(logits / softcap)`` before the
             loss (Gemma 2's final logit soft-capping), inside the cross-entropy kernels (as
             :func:`cross_entropy`'s ``softcap``).
+        return_z_loss: also return the z-loss part of the loss, ``(loss, z_loss)`` (as
+            :func:`cross_entropy`'s; without gradient, for logging).
         chunk_size: tokens per chunk (default: at least ``ACCUMULATE_ROWS`` when accumulating,
             as many as the weight gradient's storage holds with the slice pass, else
             :func:`chunk_rows`; a larger one gets its own buffer).
@@ -407,16 +413,23 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: 
     check_row_length(weight.shape[0], hidden.dtype, cap)
     t2 = target.reshape(-1)
     if reduction == "none" or ce_weight is not None:
-        rows = _FusedLinearCrossEntropyPerRow.apply(as_rows(hidden), weight, t2, bias, ignore_index,
-                                                    float(label_smoothing), float(lse_square_scale),
-                                                    cap, chunk_size)
+        rows, lse = _FusedLinearCrossEntropyPerRow.apply(
+            as_rows(hidden), weight, t2, bias, ignore_index, float(label_smoothing),
+            float(lse_square_scale), cap, chunk_size)
         if ce_weight is None:
-            return rows.reshape(target.shape)
-        return _weighted(rows, t2, ce_weight, ignore_index, reduction).reshape(
-            target.shape if reduction == "none" else ())
-    return _FusedLinearCrossEntropy.apply(as_rows(hidden), weight, t2, bias,
-                                          ignore_index, float(label_smoothing),
-                                          float(lse_square_scale), cap, reduction, chunk_size)
+            loss = rows.reshape(target.shape)
+        else:
+            loss = _weighted(rows, t2, ce_weight, ignore_index, reduction).reshape(
+                target.shape if reduction == "none" else ())
+    else:
+        loss, lse = _FusedLinearCrossEntropy.apply(as_rows(hidden), weight, t2, bias,
+                                                   ignore_index, float(label_smoothing),
+                                                   float(lse_square_scale), cap, reduction,
+                                                   chunk_size)
+    if not return_z_loss:
+        return loss
+    return loss, z_loss_part(lse, target, ignore_index, reduction, float(lse_square_scale),
+                             None if ce_weight is None else ce_weight.detach())
 
 
 class FusedLinearCrossEntropyLoss(torch.nn.Module):
@@ -430,11 +443,12 @@ class FusedLinearCrossEntropyLoss(torch.nn.Module):
     def __init__(self, ignore_index: int = -100, label_smoothing: float = 0.0,
                  reduction: str = "mean", chunk_size: int | None = None,
                  lse_square_scale: float = 0.0, ce_weight: torch.Tensor | None = None,
-                 softcap: float | None = None):
+                 softcap: float | None = None, return_z_loss: bool = False):
         super().__init__()
         self.ignore_index, self.label_smoothing = ignore_index, label_smoothing
         self.reduction, self.chunk_size = reduction, chunk_size
         self.lse_square_scale, self.softcap = lse_square_scale, softcap
+        self.return_z_loss = return_z_loss
         self.register_buffer("ce_weight", ce_weight)
 
     def forward(self, hidden, weight, target, bias=None):
@@ -442,7 +456,9 @@ class FusedLinearCrossEntropyLoss(torch.nn.Module):
             logits = torch.nn.functional.linear(hidden, weight, bias)
             return torch_cross_entropy(logits, target,
                                        self.ignore_index, self.label_smoothing, self.reduction,
-                                       self.lse_square_scale, self.ce_weight, self.softcap)
+                                       self.lse_square_scale, self.ce_weight, self.softcap,
+                                       self.return_z_loss)
         return fused_linear_cross_entropy(hidden, weight, target, bias, self.ignore_index,
                                           self.label_smoothing, self.reduction, self.chunk_size,
-                                          self.lse_square_scale, self.ce_weight, self.softcap)
+                                          self.lse_square_scale, self.ce_weight, self.softcap,
+                                          self.return_z_loss)

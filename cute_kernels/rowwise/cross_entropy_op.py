@@ -175,28 +175,26 @@ def as_rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def torch_cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.0, reduction="mean",
-                        lse_square_scale=0.0, weight=None, softcap=None):
+                        lse_square_scale=0.0, weight=None, softcap=None, return_z_loss=False):
     """What :func:`cross_entropy` computes, with torch (the modules' path off CUDA): class
     dim last, fp32 at least; the logits capped to ``softcap * tanh(x / softcap)`` first; the
-    z-loss ``lse_square_scale * lse^2`` per counted row, times the row's class weight."""
+    z-loss ``lse_square_scale * lse^2`` per counted row, times the row's class weight (with
+    ``return_z_loss``, also that part alone, without gradient)."""
     x = logits.reshape(-1, logits.shape[-1])
     x = x if x.dtype == torch.float64 else x.float()
     if softcap:
         x = softcap * torch.tanh(x / softcap)
     t = target.reshape(-1)
-    weight = None if weight is None else weight.to(x.dtype)
-    loss = torch.nn.functional.cross_entropy(x, t, weight=weight, ignore_index=ignore_index,
+    loss = torch.nn.functional.cross_entropy(x, t, weight=None if weight is None else weight.to(x.dtype),
+                                             ignore_index=ignore_index,
                                              label_smoothing=label_smoothing, reduction=reduction)
-    if not lse_square_scale:
-        return loss.reshape(target.shape) if reduction == "none" else loss
-    counted = t != ignore_index
-    row_weight = counted.to(x.dtype)
-    if weight is not None:
-        row_weight = row_weight * weight[torch.where(counted, t, 0)]
-    z = lse_square_scale * torch.logsumexp(x, -1).square() * row_weight
     if reduction == "none":
-        return (loss + z).reshape(target.shape)
-    return loss + (z.sum() if reduction == "sum" else z.sum() / row_weight.sum())
+        loss = loss.reshape(target.shape)
+    if not lse_square_scale and not return_z_loss:
+        return loss
+    z = z_loss_part(torch.logsumexp(x, -1), target, ignore_index, reduction, lse_square_scale,
+                    weight, x.dtype)
+    return (loss + z, z.detach()) if return_z_loss else loss + z
 
 
 def mean_scale(t2: torch.Tensor, ignore_index: int) -> torch.Tensor:
@@ -229,14 +227,16 @@ class _CrossEntropy(torch.autograd.Function):
             ctx.save_for_backward(grad)
         else:
             ctx.save_for_backward(x2, t2, lse)
+        ctx.mark_non_differentiable(lse)
         if reduction == "none":
-            return loss_rows.view(target.shape)
+            return loss_rows.view(target.shape), lse
         if m == 0 and scale is not None:
-            return (loss_rows.sum() * scale).reshape(())  # 0 * inf = NaN: the mean of nothing, as torch
-        return loss_rows.sum()
+            # 0 * inf = NaN: the mean of nothing, as torch
+            return (loss_rows.sum() * scale).reshape(()), lse
+        return loss_rows.sum(), lse
 
     @staticmethod
-    def backward(ctx, dloss):
+    def backward(ctx, dloss, _):
         ignore_index, smoothing, reduction, z, cap, fused, shape = ctx.args
         if fused:
             (grad,) = ctx.saved_tensors
@@ -270,12 +270,13 @@ class _WeightedCrossEntropy(torch.autograd.Function):
         total = row_weight.sum()
         ctx.save_for_backward(x2, t2, lse, row_weight, total)
         ctx.args = (ignore_index, reduction, z, cap, logits.shape)
+        ctx.mark_non_differentiable(lse)
         if reduction == "none":
-            return weighted.view(target.shape)
-        return weighted.sum() / total if reduction == "mean" else weighted.sum()
+            return weighted.view(target.shape), lse
+        return (weighted.sum() / total if reduction == "mean" else weighted.sum()), lse
 
     @staticmethod
-    def backward(ctx, dloss):
+    def backward(ctx, dloss, _):
         x2, t2, lse, row_weight, total = ctx.saved_tensors
         ignore_index, reduction, z, cap, shape = ctx.args
         m = x2.shape[0]
@@ -290,7 +291,8 @@ class _WeightedCrossEntropy(torch.autograd.Function):
 
 def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: float = 0.0,
                   reduction: str = "mean", lse_square_scale: float = 0.0,
-                  inplace_backward: bool = False, weight=None, softcap: float | None = None):
+                  inplace_backward: bool = False, weight=None, softcap: float | None = None,
+                  return_z_loss: bool = False):
     """Cross-entropy of ``logits`` (..., V) against class indices ``target`` (...).
 
     The class dim is the last one (``F.cross_entropy`` takes it at dim 1). The loss is fp32.
@@ -311,7 +313,10 @@ def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: flo
             it. Not with label smoothing or ``inplace_backward``; ``weight`` gets no gradient.
         softcap: > 0 caps the logits to ``softcap * tanh(logits / softcap)`` (Gemma 2's
             final-logit soft cap) inside the kernels: the loss is that of the capped logits,
-            the gradient is through the cap. None or 0: no cap.
+            the gradient is through the cap. None: no cap.
+        return_z_loss: also return the z-loss part of the loss (``lse_square_scale * lse^2``
+            per counted row, reduced as the loss; without gradient, for logging):
+            ``(loss, z_loss)`` (Liger's option of that name).
 
     With a gradient needed and reduction "mean" or "sum", the gradient is computed in the
     forward (the logits are read once) and kept until the backward, which scales it by the
@@ -348,12 +353,32 @@ def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: flo
                                    "supported; use one or the other")
         if inplace_backward:
             raise UnsupportedError("weight with inplace_backward=True is not supported")
-        return _WeightedCrossEntropy.apply(logits, target, weight, ignore_index, reduction,
-                                           float(lse_square_scale), cap)
-    needs_grad = logits.requires_grad and torch.is_grad_enabled()
-    inplace = bool(inplace_backward and needs_grad and not torch.compiler.is_compiling())
-    return _CrossEntropy.apply(logits, target, ignore_index, float(label_smoothing), reduction,
-                               float(lse_square_scale), cap, inplace)
+        loss, lse = _WeightedCrossEntropy.apply(logits, target, weight, ignore_index, reduction,
+                                                float(lse_square_scale), cap)
+    else:
+        needs_grad = logits.requires_grad and torch.is_grad_enabled()
+        inplace = bool(inplace_backward and needs_grad and not torch.compiler.is_compiling())
+        loss, lse = _CrossEntropy.apply(logits, target, ignore_index, float(label_smoothing),
+                                        reduction, float(lse_square_scale), cap, inplace)
+    if not return_z_loss:
+        return loss
+    return loss, z_loss_part(lse, target, ignore_index, reduction, float(lse_square_scale), weight)
+
+
+def z_loss_part(lse, target, ignore_index: int, reduction: str, z: float, weight=None,
+                dtype=torch.float32):
+    """The z-loss term of a loss from its rows' lse: ``z * lse^2`` per counted row (times the
+    row's class weight), reduced as the loss is ("mean": over the counted rows or their summed
+    weights, NaN when there are none)."""
+    t = target.reshape(-1)
+    counted = t != ignore_index
+    row_weight = counted.to(dtype)
+    if weight is not None:
+        row_weight = row_weight * weight.to(dtype)[t.clamp(0, weight.shape[0] - 1)]
+    rows = z * lse.square() * row_weight
+    if reduction == "none":
+        return rows.view(target.shape)
+    return rows.sum() / row_weight.sum() if reduction == "mean" else rows.sum()
 
 
 # ----------------------------------------------------------------------------- configurations

@@ -68,33 +68,34 @@ class LayerNorm(torch.nn.LayerNorm):
 class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
     """``torch.nn.CrossEntropyLoss`` running :func:`cute_kernels.cross_entropy` (class index
     targets; the class dim is dim 1 of the input, as in torch; per-class ``weight`` as torch's,
-    not with label smoothing). Adds ``lse_square_scale``, ``inplace_backward`` and ``softcap``
-    (:func:`cute_kernels.cross_entropy`'s). Class-probability targets run torch's loss, so
+    not with label smoothing). Adds ``lse_square_scale``, ``inplace_backward``, ``softcap`` and
+    ``return_z_loss`` (:func:`cute_kernels.cross_entropy`'s). Class-probability targets run torch's loss, so
     they are refused with the z-loss or the cap."""
 
     def __init__(self, weight=None, size_average=None, ignore_index: int = -100, reduce=None,
                  reduction: str = "mean", label_smoothing: float = 0.0,
                  lse_square_scale: float = 0.0, inplace_backward: bool = False,
-                 softcap: float | None = None):
+                 softcap: float | None = None, return_z_loss: bool = False):
         super().__init__(weight, size_average, ignore_index, reduce, reduction, label_smoothing)
         self.lse_square_scale = lse_square_scale
         self.inplace_backward = inplace_backward
         self.softcap = softcap
+        self.return_z_loss = return_z_loss
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        plain = not self.lse_square_scale and not self.softcap
+        plain = not self.lse_square_scale and not self.softcap and not self.return_z_loss
         if target.is_floating_point() and not plain:
             raise UnsupportedError(
                 f"class-probability targets ({target.dtype}) with lse_square_scale="
-                f"{self.lse_square_scale} / softcap={self.softcap} are not supported; use class "
-                "indices")
+                f"{self.lse_square_scale} / softcap={self.softcap} / return_z_loss="
+                f"{self.return_z_loss} are not supported; use class indices")
         if target.is_floating_point() or (not input.is_cuda and plain):
             return super().forward(input, target)
         logits = input.movedim(1, -1) if input.dim() > 2 else input
         if not input.is_cuda:  # torch has no z-loss or cap: the same computation with torch
             return torch_cross_entropy(logits, target, self.ignore_index, self.label_smoothing,
                                        self.reduction, self.lse_square_scale, self.weight,
-                                       self.softcap)
+                                       self.softcap, self.return_z_loss)
         return cross_entropy(logits, target, self.ignore_index, self.label_smoothing,
                              self.reduction, self.lse_square_scale, self.inplace_backward,
-                             self.weight, self.softcap)
+                             self.weight, self.softcap, self.return_z_loss)
