@@ -19,7 +19,8 @@ tolerances); only the Liger names they call are replaced by shims on top of ours
     ``(weight, input, target, bias)`` argument order in the module; ``accum_dtype`` of None
     or float32: ours sums the weight gradient in fp32 within each chunk of tokens).
   - ``LigerRMSNorm`` / ``liger_rms_norm`` / ``LigerRMSNormFunction``: ``ck.rms_norm`` with
-    ``weight_offset=offset`` (every ``casting_mode`` computes in fp32 and rounds once).
+    ``weight_offset=offset`` (every ``casting_mode`` computes in fp32 and rounds once; Liger
+    ignores the offset without a weight, ck refuses that combination: the shim passes none).
   - ``LigerLayerNorm`` / ``liger_layer_norm`` / ``LigerLayerNormFunction``: ``ck.layer_norm``.
   - ``LigerSoftmax`` / ``liger_softmax``: ``ck.softmax`` over the last dim.
 
@@ -168,7 +169,9 @@ class LigerFusedLinearCrossEntropyLoss(torch.nn.Module):
 
 def liger_rms_norm(X, W, eps, offset=0.0, casting_mode="llama", in_place=True, row_mode=None):
     _unsupported(row_mode=row_mode)
-    return ck.rms_norm(X, W, eps, weight_offset=offset)
+    # Liger's offset shifts the weight and is ignored without one; ck refuses an offset
+    # without a weight, so none is passed then
+    return ck.rms_norm(X, W, eps, weight_offset=offset if W is not None else 0.0)
 
 
 class LigerRMSNormFunction:
