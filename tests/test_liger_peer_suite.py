@@ -24,12 +24,13 @@ tolerances); only the Liger names they call are replaced by shims on top of ours
   - ``LigerLayerNorm`` / ``liger_layer_norm`` / ``LigerLayerNormFunction``: ``ck.layer_norm``.
   - ``LigerSoftmax`` / ``liger_softmax``: ``ck.softmax`` over the last dim.
 
-What has no counterpart here skips where it is asked for: ``return_token_accuracy``, ``return_predicted_tokens``, ``use_token_scaling``, class weights
-together with label smoothing, ``row_mode``. Not collected: tests of Liger's internals (its
-Triton kernel called directly), multi-GPU DTensor tests, and the out-of-range-target test
-(Liger raises on the host; ours gives that row a NaN loss without a synchronization). Liger's RMSNorm module calls
-``torch.use_deterministic_algorithms(True)`` when its test module loads: run this file on its
-own.
+What has no counterpart here skips where it is asked for: ``return_token_accuracy``,
+``return_predicted_tokens``, ``use_token_scaling``, ``row_mode``; so do class weights with a
+z-loss (Liger's z-loss ignores the weights, a TODO in its kernel; ours weights each row's). Not collected: tests of
+Liger's internals (its Triton kernel called directly), multi-GPU DTensor tests, and the
+out-of-range-target test (Liger raises on the host; ours gives that row a NaN loss without a
+synchronization). Liger's RMSNorm module calls ``torch.use_deterministic_algorithms(True)``
+when its test module loads: run this file on its own.
 
     CK_LIGER_TESTS=../Liger-Kernel python -m pytest -q -n 4 tests/test_liger_peer_suite.py
 """
@@ -63,6 +64,14 @@ def _unsupported(**options):
         pytest.skip(f"{', '.join(asked)}: no counterpart in cute_kernels")
 
 
+def _unweighted_z_loss(weight, lse_square_scale):
+    """Liger leaves its z-loss unweighted beside class weights (a TODO in its kernel) and its
+    tests expect that; ck weights a row's z-loss with its class weight, as the rest of it."""
+    if weight is not None and lse_square_scale:
+        pytest.skip("class weights with a z-loss: Liger's z-loss ignores the weights, ck's "
+                    "weights it")
+
+
 # ----------------------------------------------------------------- cross-entropy
 
 
@@ -72,8 +81,7 @@ def liger_cross_entropy(input, target, weight=None, size_average=None, ignore_in
                         return_predicted_tokens=False):
     _unsupported(return_token_accuracy=return_token_accuracy,
                  return_predicted_tokens=return_predicted_tokens)
-    if weight is not None and label_smoothing > 0:
-        pytest.skip("class weights with label smoothing: not supported by ck.cross_entropy")
+    _unweighted_z_loss(weight, lse_square_scale)
     result = ck.cross_entropy(input, target, ignore_index=ignore_index,
                               label_smoothing=label_smoothing, reduction=reduction,
                               lse_square_scale=lse_square_scale, weight=weight, softcap=softcap,
@@ -121,11 +129,9 @@ def liger_fused_linear_cross_entropy(input, weight, target, bias=None, ce_weight
     _unsupported(use_token_scaling=use_token_scaling,
                  return_token_accuracy=return_token_accuracy,
                  return_predicted_tokens=return_predicted_tokens)
+    _unweighted_z_loss(ce_weight, lse_square_scale)
     if accum_dtype not in (None, torch.float32):
         pytest.skip(f"accum_dtype={accum_dtype}: the weight gradient is summed in fp32")
-    if ce_weight is not None and label_smoothing > 0:
-        pytest.skip("class weights with label smoothing: not supported by "
-                    "ck.fused_linear_cross_entropy")
     result = ck.fused_linear_cross_entropy(input, weight, target, bias, ignore_index=ignore_index,
                                            label_smoothing=label_smoothing, reduction=reduction,
                                            lse_square_scale=lse_square_scale, ce_weight=ce_weight,

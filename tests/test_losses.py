@@ -111,12 +111,13 @@ class _KernelsInTorch:
         row_lse = torch.logsumexp(x, 1)
         picked = x.gather(1, torch.where(counted, target, 0)[:, None])[:, 0]
         rows = (1 - smoothing) * (row_lse - picked) + smoothing * (row_lse - x.mean(1)) + z * row_lse**2
-        loss.copy_(torch.where(counted, rows, 0.0) * scale[0])
+        scale = 1.0 if scale is None else scale[0]
+        loss.copy_(torch.where(counted, rows, 0.0) * scale)
         lse.copy_(row_lse)
         if grad is not None:
             g = torch.softmax(x, 1) * (1 + 2 * z * row_lse[:, None]) - smoothing / x.shape[1]
             g[torch.arange(len(target)), torch.where(counted, target, 0)] -= 1 - smoothing
-            grad.copy_(torch.where(counted[:, None], g * slope, 0.0) * scale[0])
+            grad.copy_(torch.where(counted[:, None], g * slope, 0.0) * scale)
 
     @staticmethod
     def cross_entropy_bwd(logits, target, lse, dloss, grad, ignore_index, smoothing, z, cap):
@@ -134,6 +135,64 @@ class _KernelsInTorch:
     @staticmethod
     def gemm_with_config(a, b, out, bias, config):
         out.copy_(a.double() @ b.double() + (0 if bias is None else bias.double()))
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("z,cap", [(0.0, 0.0), (1e-3, 0.0), (1e-3, 7.0)])
+def test_class_weights_with_label_smoothing_on_cpu(monkeypatch, reduction, z, cap):
+    # torch's weighted smoothing put together around the kernels (their contracts in torch):
+    # the forward's weighted sums and the backward's rank-one term and target fix, in several
+    # row chunks, against float64 autograd
+    from cute_kernels.rowwise import cross_entropy_op as op
+
+    monkeypatch.setattr(op, "cross_entropy_fwd", _KernelsInTorch.cross_entropy_fwd)
+    monkeypatch.setattr(op, "cross_entropy_bwd", _KernelsInTorch.cross_entropy_bwd)
+    monkeypatch.setattr(op, "SMOOTHING_CHUNK", 5 * 41)
+    m, v, eps = 23, 41, 0.2
+    x = (torch.randn(m, v) * 3).requires_grad_()
+    t = torch.randint(0, v, (m,))
+    t[::5] = -100
+    w = torch.rand(v) * 2
+    loss, _ = op._WeightedCrossEntropy.apply(x, t, w, -100, reduction, z, cap, eps)
+    g = torch.rand_like(loss) + 0.5
+    (dx,) = torch.autograd.grad(loss, x, g)
+    x64 = x.detach().double().requires_grad_()
+    ref = ref_ce(_capped(x64, cap), t, smoothing=eps, reduction=reduction, z=z, weight=w)
+    (dx_ref,) = torch.autograd.grad(ref, x64, g.double())
+    torch.testing.assert_close(loss.double(), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(dx.double(), dx_ref, atol=1e-6, rtol=1e-5)
+    assert (dx[::5] == 0).all()
+
+
+@pytest.mark.parametrize("cap", [0.0, 2.5])
+def test_fused_linear_cross_entropy_weighted_smoothing_on_cpu(monkeypatch, cap):
+    # class weights with label smoothing through the fused ops (their kernels' contracts in
+    # torch): the rows' weighted sums from each chunk's logits, the smoothing's gradient terms
+    # added per chunk (a separate buffer with a cap), chunks of 7 and a tail, a bias
+    from cute_kernels.losses import fused_linear_cross_entropy as flce
+
+    for name in ("cross_entropy_fwd", "cross_entropy_bwd", "mean_scale", "gemm_with_config"):
+        monkeypatch.setattr(flce, name, getattr(_KernelsInTorch, name))
+    monkeypatch.setattr(flce, "sm_count", lambda index: 132)
+    monkeypatch.setattr(flce, "_free_bytes", lambda device: 1 << 40)
+    tokens, hidden, vocab, eps, z = 40, 16, 33, 0.2, 1e-3
+    h = torch.randn(tokens, hidden, requires_grad=True)
+    w = (torch.randn(vocab, hidden) / 2).requires_grad_()
+    b = torch.randn(vocab, requires_grad=True)
+    cw = torch.rand(vocab) + 0.2
+    t = torch.randint(0, vocab, (tokens,))
+    t[::3] = -100
+    rows, _ = flce._FusedLinearCrossEntropyWeightedSmoothing.apply(h, w, t, b, cw, -100, eps, z,
+                                                                   cap, 7)
+    dloss = torch.rand(tokens)
+    grads = torch.autograd.grad(rows, [h, w, b], dloss)
+    p64 = [p.detach().double().requires_grad_() for p in (h, w, b)]
+    ref = ref_ce(_capped(p64[0] @ p64[1].t() + p64[2], cap), t, smoothing=eps, z=z,
+                 weight=cw.double(), reduction="none")
+    refs = torch.autograd.grad(ref, p64, dloss.double())
+    torch.testing.assert_close(rows.double(), ref.detach(), atol=1e-5, rtol=1e-5)
+    for g, r in zip(grads, refs):
+        torch.testing.assert_close(g.double(), r, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("free,tokens,chunks,slices", [(1 << 40, 4100, 5, False), (1 << 40, 700, 1, False),
@@ -430,15 +489,72 @@ def test_class_weights(reduction, z, dtype):
 
 
 @gpu
-def test_class_weights_under_torch_compile():
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("z,cap", [(0.0, None), (1e-3, None), (1e-3, 20.0)])
+def test_class_weights_with_label_smoothing(reduction, dtype, z, cap):
+    # torch's weighted smoothing (each class's smoothing term times its weight, the mean over
+    # the counted rows' weights), with the z-loss and the soft cap; more rows than one of the
+    # torch passes' chunks, ignored rows
+    from cute_kernels.rowwise import cross_entropy_op
+
+    m, v, eps = 70, 3001, 0.15
+    x = (torch.randn(m, v, device="cuda") * 4 + 1).to(dtype).requires_grad_()
+    t = torch.randint(0, v, (m,), device="cuda")
+    t[::6] = -100
+    w = torch.rand(v, device="cuda") * 2
+    old = cross_entropy_op.SMOOTHING_CHUNK
+    cross_entropy_op.SMOOTHING_CHUNK = 16 * v  # several chunks and a ragged last one
+    try:
+        loss = ck.cross_entropy(x, t, label_smoothing=eps, reduction=reduction, weight=w,
+                                lse_square_scale=z, softcap=cap)
+        g = torch.rand_like(loss) + 0.5
+        (dx,) = torch.autograd.grad(loss, x, g)
+    finally:
+        cross_entropy_op.SMOOTHING_CHUNK = old
+    x64 = x.detach().double().requires_grad_()
+    ref = ref_ce(_capped(x64, cap), t, smoothing=eps, reduction=reduction, z=z, weight=w)
+    torch.testing.assert_close(loss.double(), ref, atol=1e-5, rtol=1e-5)
+    if not z and not cap:  # torch's own weighted smoothing agrees with the reference
+        torch.testing.assert_close(F.cross_entropy(x64, t, weight=w.double(), label_smoothing=eps,
+                                                   reduction=reduction), ref)
+    (dx_ref,) = torch.autograd.grad(ref, x64, g.double())
+    atol = 1e-6 if dtype == torch.float32 else 4e-3 * dx_ref.abs().max().item()
+    torch.testing.assert_close(dx.double(), dx_ref, atol=atol, rtol=1e-4 if dtype == torch.float32 else 1e-2)
+    assert (dx[::6] == 0).all()
+
+
+@gpu
+def test_class_weights_with_label_smoothing_edge_rows():
+    # an out-of-range target gives its row NaN (no out-of-bounds access), the other rows as
+    # torch; the module with torch's weight and smoothing arguments
+    m, v = 9, 50
+    x = torch.randn(m, v, device="cuda", requires_grad=True)
+    t = torch.randint(0, v, (m,), device="cuda")
+    t[2] = v + 3
+    w = torch.rand(v, device="cuda")
+    loss = ck.cross_entropy(x, t, label_smoothing=0.1, weight=w, reduction="none")
+    assert loss[2].isnan() and not loss[[0, 1, 3, 4, 5, 6, 7, 8]].isnan().any()
+    keep = torch.arange(m, device="cuda") != 2
+    torch.testing.assert_close(loss[keep], F.cross_entropy(x[keep], t[keep], weight=w,
+                                                           label_smoothing=0.1, reduction="none"))
+    module = ck.CrossEntropyLoss(weight=w, label_smoothing=0.1)
+    torch.testing.assert_close(module(x[keep], t[keep]),
+                               F.cross_entropy(x[keep], t[keep], weight=w, label_smoothing=0.1))
+
+
+@gpu
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_class_weights_under_torch_compile(smoothing):
     x = torch.randn(33, 1000, device="cuda", requires_grad=True)
     t = torch.randint(0, 1000, (33,), device="cuda")
     w = torch.rand(1000, device="cuda")
-    f = torch.compile(lambda x, t, w: ck.cross_entropy(x, t, weight=w), fullgraph=True)
+    f = torch.compile(lambda x, t, w: ck.cross_entropy(x, t, weight=w, label_smoothing=smoothing),
+                      fullgraph=True)
     loss = f(x, t, w)
     (dx,) = torch.autograd.grad(loss, x)
     x64 = x.detach().double().requires_grad_()
-    ref = ref_ce(x64, t, weight=w)
+    ref = ref_ce(x64, t, weight=w, smoothing=smoothing)
     torch.testing.assert_close(loss.double(), ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(dx.double(), torch.autograd.grad(ref, x64)[0], atol=1e-6, rtol=1e-4)
 
@@ -450,8 +566,7 @@ def test_class_weights_all_ignored_is_nan_and_bad_weights_raise():
     assert torch.isnan(ck.cross_entropy(x, t, weight=torch.ones(10, device="cuda")))
     with pytest.raises(ck.UnsupportedError, match="weight must have shape"):
         ck.cross_entropy(x, t, weight=torch.ones(9, device="cuda"))
-    with pytest.raises(ck.UnsupportedError, match="label_smoothing"):
-        ck.cross_entropy(x, t, label_smoothing=0.1, weight=torch.ones(10, device="cuda"))
+    assert torch.isnan(ck.cross_entropy(x, t, label_smoothing=0.1, weight=torch.ones(10, device="cuda")))
     with pytest.raises(ck.DeviceError):
         ck.cross_entropy(x, t, weight=torch.ones(10))
     module = ck.CrossEntropyLoss(weight=torch.rand(10, device="cuda"))
@@ -738,21 +853,25 @@ def test_fused_linear_cross_entropy_softcap(reduction, dtype):
 
 @gpu
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_fused_linear_cross_entropy_class_weights(reduction):
+@pytest.mark.parametrize("smoothing,cap", [(0.0, None), (0.1, None), (0.1, 3.0)])
+def test_fused_linear_cross_entropy_class_weights(reduction, smoothing, cap):
     # per-class weights (F.cross_entropy's ``weight``): weighted tokens, the weighted mean,
-    # z-loss weighted with its row, ignored tokens, an incoming gradient != 1
+    # z-loss weighted with its row, ignored tokens, an incoming gradient != 1; with label
+    # smoothing torch's weighted smoothing (chunks of 1024 and a tail), also under a soft cap
     tokens, hidden, vocab = 1500, 128, 2003
     h = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16).requires_grad_()
     w = (torch.randn(vocab, hidden, device="cuda", dtype=torch.bfloat16) / 8).requires_grad_()
+    b = torch.randn(vocab, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     cw = torch.rand(vocab, device="cuda") + 0.1
     t = torch.randint(0, vocab, (tokens,), device="cuda")
     t[::4] = -100
-    loss = ck.fused_linear_cross_entropy(h, w, t, reduction=reduction, lse_square_scale=1e-3,
-                                         ce_weight=cw)
+    loss = ck.fused_linear_cross_entropy(h, w, t, b, reduction=reduction, lse_square_scale=1e-3,
+                                         ce_weight=cw, label_smoothing=smoothing, softcap=cap)
     upstream = torch.rand_like(loss) + 0.5
-    grads = torch.autograd.grad(loss, [h, w], upstream)
-    p64 = [p.detach().double().requires_grad_() for p in (h, w)]
-    ref = ref_ce(p64[0] @ p64[1].t(), t, reduction=reduction, z=1e-3, weight=cw.double())
+    grads = torch.autograd.grad(loss, [h, w, b], upstream)
+    p64 = [p.detach().double().requires_grad_() for p in (h, w, b)]
+    ref = ref_ce(_capped(p64[0] @ p64[1].t() + p64[2], cap), t, reduction=reduction, z=1e-3,
+                 weight=cw.double(), smoothing=smoothing)
     refs = torch.autograd.grad(ref, p64, upstream.double())
     assert (loss.double() - ref).abs().max().item() <= 1e-2 * ref.abs().max().item()
     for g, r in zip(grads, refs):
@@ -810,6 +929,3 @@ def test_bad_inputs_raise_clear_errors():
             ck.cross_entropy(x, t, softcap=cap)
     with pytest.raises(ck.UnsupportedError, match="rows|row length|long"):
         ck.cross_entropy(torch.randn(1, 262145, device="cuda"), t[:1], softcap=30.0)
-    with pytest.raises(ck.UnsupportedError, match="ce_weight with label_smoothing"):
-        ck.fused_linear_cross_entropy(x, torch.randn(7, 10, device="cuda"), t, label_smoothing=0.1,
-                                      ce_weight=torch.ones(7, device="cuda"))

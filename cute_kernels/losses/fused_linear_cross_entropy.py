@@ -10,9 +10,12 @@ import torch
 
 from ..gemm.config import Epilogue, GemmConfig
 from ..gemm.op import gemm_with_config
-from ..rowwise.cross_entropy_op import (FLOAT_DTYPES, as_rows, check_arguments, check_row_length,
-                                        check_softcap, cross_entropy_bwd, cross_entropy_fwd,
-                                        mean_scale, scale_rows, torch_cross_entropy, z_loss_part)
+from ..rowwise.cross_entropy_op import (FLOAT_DTYPES, add_smoothing_gradient, as_rows,
+                                        check_arguments, check_row_length, check_softcap,
+                                        cross_entropy_bwd, cross_entropy_fwd, mean_scale,
+                                        scale_rows, smoothing_sums, torch_cross_entropy,
+                                        weighted_smoothing_grads, weighted_smoothing_loss,
+                                        z_loss_part)
 from ..runtime import DTypeError, UnsupportedError, kernel_op
 from ..runtime.arch import sm_count
 from ..runtime.errors import check_tensor, describe
@@ -118,21 +121,24 @@ def _weight_grad_by_slices(h2, weight, bias, target, lse, scale, ignore_index, z
 
 @kernel_op(
     "fused_linear_cross_entropy_fwd",
-    mutates_args=("loss", "lse", "grad_h", "grad_w", "grad_b"),
+    mutates_args=("loss", "lse", "grad_h", "grad_w", "grad_b", "smooth_sums"),
     schema="(Tensor h2, Tensor weight, Tensor t2, Tensor? bias, Tensor(a!) loss, Tensor(e!)? lse, "
     "Tensor(b!)? grad_h, Tensor(c!)? grad_w, Tensor(d!)? grad_b, int ignore_index, float smoothing, "
-    "float z, float softcap, str reduction, int? chunk) -> ()",
+    "float z, float softcap, str reduction, int? chunk, Tensor(f!)? smooth_sums=None, "
+    "Tensor? class_weight=None) -> ()",
 )
 def fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, lse, grad_h, grad_w, grad_b,
                                    ignore_index: int, smoothing: float, z: float, softcap: float,
-                                   reduction: str, chunk: int | None) -> None:
+                                   reduction: str, chunk: int | None, smooth_sums=None,
+                                   class_weight=None) -> None:
     """The loss of (tokens, H) rows ``h2`` against (tokens,) ``t2`` into the fp32 ``loss``
     (0-d; (tokens,) per-row losses with reduction "none"), each row's lse into ``lse`` when
     given, and for an incoming gradient of 1 the gradients into those of ``grad_h`` (h2's
     shape), ``grad_w`` (the weight's) and ``grad_b`` ((V,) fp32) that are given; ``z`` is the
     z-loss scale (``lse_square_scale``), ``softcap`` the logits' cap (0: none). The chunks and
     the slice pass are planned here, where the sizes (and the free memory) are numbers also
-    under torch.compile."""
+    under torch.compile. With ``smooth_sums`` (reduction "none", no gradients), each row's
+    ``sum_j class_weight[j] * logit_j`` (capped) goes there: the weighted smoothing's term."""
     tokens, vocab = h2.shape[0], weight.shape[0]
     device = h2.device
     need_h, need_w, need_b = grad_h is not None, grad_w is not None, grad_b is not None
@@ -181,6 +187,8 @@ def fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, lse, grad_h, grad
             gemm_with_config(h, w_t, logits, bias, logits_config)
         else:
             _logits(h, w_t, bias, logits)
+        if smooth_sums is not None:
+            smooth_sums[start:end] = smoothing_sums(logits, class_weight, softcap)
         cross_entropy_fwd(logits, t2[start:end], loss_rows[start:end], lse[start:end],
                           logits if grads else None, scale, ignore_index, smoothing, z, softcap)
         _chunk_gradients(logits, h, weight, start, grad_h, None if by_slices else grad_w, grad_b)
@@ -198,15 +206,20 @@ def fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, lse, grad_h, grad
     mutates_args=("grad_h", "grad_w", "grad_b"),
     schema="(Tensor h2, Tensor weight, Tensor t2, Tensor? bias, Tensor lse, Tensor dloss, "
     "Tensor(b!)? grad_h, Tensor(c!)? grad_w, Tensor(d!)? grad_b, int ignore_index, float smoothing, "
-    "float z, float softcap, int? chunk) -> ()",
+    "float z, float softcap, int? chunk, Tensor? class_weight=None, Tensor? row_coef=None, "
+    "Tensor? target_fix=None) -> ()",
 )
 def fused_linear_cross_entropy_bwd(h2, weight, t2, bias, lse, dloss, grad_h, grad_w, grad_b,
                                    ignore_index: int, smoothing: float, z: float, softcap: float,
-                                   chunk: int | None) -> None:
+                                   chunk: int | None, class_weight=None, row_coef=None,
+                                   target_fix=None) -> None:
     """The gradients of per-row losses (reduction "none") for (tokens,) fp32 incoming
     gradients ``dloss``, from the forward's lse: each chunk's logits are computed again,
     turned into their gradient in place and fed to the gradients that are given (as the
-    forward's chunk-by-chunk accumulation does)."""
+    forward's chunk-by-chunk accumulation does). With ``class_weight``, the weighted
+    smoothing's terms are added to each chunk's logits gradient (``add_smoothing_gradient``
+    with ``row_coef`` and ``target_fix``; with a soft cap into a buffer of its own, since
+    they need the logits)."""
     tokens, vocab = h2.shape[0], weight.shape[0]
     if grad_w is not None and tokens == 0:
         grad_w.zero_()
@@ -219,14 +232,21 @@ def fused_linear_cross_entropy_bwd(h2, weight, t2, bias, lse, dloss, grad_h, gra
         chunk = _accumulating_chunk(chunk_rows(tokens, h2.shape[1], vocab, itemsize, free),
                                     accumulates_by_chunks(tokens, vocab, itemsize, free))
     buffer = torch.empty((min(chunk, tokens), vocab), dtype=h2.dtype, device=h2.device)
+    separate = class_weight is not None and softcap
+    grad_buffer = torch.empty_like(buffer) if separate else buffer
     w_t = weight.t()
     for start in range(0, tokens, chunk):
         end = min(start + chunk, tokens)
-        h, logits = h2[start:end], buffer[: end - start]
+        h, logits, grad = h2[start:end], buffer[: end - start], grad_buffer[: end - start]
+        t = t2[start:end]
         _logits(h, w_t, bias, logits)
-        cross_entropy_bwd(logits, t2[start:end], lse[start:end], dloss[start:end], logits,
+        cross_entropy_bwd(logits, t, lse[start:end], dloss[start:end], grad,
                           ignore_index, smoothing, z, softcap)
-        _chunk_gradients(logits, h, weight, start, grad_h, grad_w, grad_b)
+        if class_weight is not None:
+            add_smoothing_gradient(grad, logits, t, (t != ignore_index).float(),
+                                   target_fix[start:end], row_coef[start:end], class_weight,
+                                   softcap)
+        _chunk_gradients(grad, h, weight, start, grad_h, grad_w, grad_b)
 
 
 def _accumulating_chunk(budget_rows: int, accumulate: bool) -> int:
@@ -320,16 +340,65 @@ class _FusedLinearCrossEntropyPerRow(torch.autograd.Function):
         return grad_h, grad_w, None, grad_b, None, None, None, None, None
 
 
-def _weighted(rows, t2, ce_weight, ignore_index: int, reduction: str) -> torch.Tensor:
-    """Per-token losses times their class weight (0 for ignored tokens), reduced as torch's
-    weighted cross-entropy: "mean" divides by the counted tokens' summed weights."""
+class _FusedLinearCrossEntropyWeightedSmoothing(torch.autograd.Function):
+    # Class weights with label smoothing (torch's weighted smoothing): (tokens,) weighted
+    # per-row losses from the kernels' unsmoothed rows, their lse and each row's
+    # sum_j w_j logit_j (``smooth_sums``, taken from each chunk's logits); the backward
+    # computes the logits again and adds the smoothing's terms to each chunk's gradient.
+    @staticmethod
+    def forward(ctx, h2, weight, t2, bias, class_weight, ignore_index, smoothing, z, softcap, chunk):
+        tokens, device = h2.shape[0], h2.device
+        rows, lse, sums = (torch.empty(tokens, dtype=torch.float32, device=device) for _ in range(3))
+        w = class_weight.detach().float()
+        fused_linear_cross_entropy_fwd(h2, weight, t2, bias, rows, lse, None, None, None,
+                                       ignore_index, 0.0, z, softcap, "none", chunk, sums, w)
+        counted = (t2 != ignore_index).float()
+        row_weight = w[t2.clamp(0, w.shape[0] - 1)] * counted
+        ctx.save_for_backward(h2, weight, t2, bias, lse, row_weight, counted, w)
+        ctx.args = (ignore_index, smoothing, z, softcap, chunk)
+        ctx.mark_non_differentiable(lse)
+        return weighted_smoothing_loss(rows, lse, sums, row_weight, counted, w, z, smoothing), lse
+
+    @staticmethod
+    def backward(ctx, dloss, _):
+        h2, weight, t2, bias, lse, row_weight, counted, w = ctx.saved_tensors
+        ignore_index, smoothing, z, softcap, chunk = ctx.args
+        need_h, need_w, _, need_b = ctx.needs_input_grad[:4]
+        grad_h = torch.empty_like(h2) if need_h else None
+        grad_w = torch.empty_like(weight) if need_w else None
+        grad_b = (torch.empty(weight.shape[0], dtype=torch.float32, device=h2.device)
+                  if bias is not None and need_b else None)
+        rows, target_fix, row_coef = weighted_smoothing_grads(dloss.float(), lse, row_weight,
+                                                              counted, w, z, smoothing)
+        fused_linear_cross_entropy_bwd(h2, weight, t2, bias, lse, rows, grad_h, grad_w, grad_b,
+                                       ignore_index, 0.0, 0.0, softcap, chunk, w, row_coef,
+                                       target_fix)
+        if grad_b is not None:
+            grad_b = grad_b.to(bias.dtype)
+        return grad_h, grad_w, None, grad_b, None, None, None, None, None, None
+
+
+def _row_weight(t2, ce_weight, ignore_index: int) -> torch.Tensor:
+    """Each token's class weight in fp32, 0 for ignored tokens."""
     counted = t2 != ignore_index
     picked = ce_weight.detach().float()[torch.where(counted, t2, 0).clamp(0, ce_weight.shape[0] - 1)]
-    row_weight = torch.where(counted, picked, 0.0)
-    weighted = rows * row_weight
+    return torch.where(counted, picked, 0.0)
+
+
+def _reduce_weighted(weighted, t2, ce_weight, ignore_index: int, reduction: str) -> torch.Tensor:
+    """Per-token losses already weighted, reduced as torch's weighted cross-entropy: "mean"
+    divides by the counted tokens' summed weights."""
     if reduction == "none":
         return weighted
-    return weighted.sum() if reduction == "sum" else weighted.sum() / row_weight.sum()
+    if reduction == "sum":
+        return weighted.sum()
+    return weighted.sum() / _row_weight(t2, ce_weight, ignore_index).sum()
+
+
+def _weighted(rows, t2, ce_weight, ignore_index: int, reduction: str) -> torch.Tensor:
+    """Per-token losses times their class weight (0 for ignored tokens), reduced."""
+    return _reduce_weighted(rows * _row_weight(t2, ce_weight, ignore_index), t2, ce_weight,
+                            ignore_index, reduction)
 
 
 def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: int = -100,
@@ -366,7 +435,10 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: 
         ce_weight: optional (V,) per-class weights, as ``F.cross_entropy``'s ``weight``: each
             token's loss (its z-loss term included) times ``ce_weight[target]``, "mean" divided
             by the counted tokens' summed weights (NaN when 0). The gradients then come from
-            the backward, as with reduction "none". Not with label smoothing; no gradient.
+            the backward, as with reduction "none". With label smoothing, torch's weighted
+            smoothing (each chunk's logits read once more in the forward for the rows'
+            weighted sums, the gradient's smoothing terms added per chunk: a second chunk
+            buffer with a soft cap); no gradient.
         softcap: optional cap of the logits, ``softcap * tanh(logits / softcap)`` before the
             loss (Gemma 2's final logit soft-capping), inside the cross-entropy kernels (as
             :func:`cross_entropy`'s ``softcap``).
@@ -381,7 +453,7 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: 
         16-bit inputs without label smoothing whose hidden / weight rows are 16-byte aligned;
         other inputs then accumulate in chunks of :func:`chunk_rows` tokens
       - reduction "none" and ``ce_weight`` run one GEMM more per chunk (in the backward)
-      - V up to 524288; label smoothing as in :func:`cross_entropy`; ``ce_weight`` not with it
+      - V up to 524288 (262144 for fp32 with a soft cap); label smoothing as in :func:`cross_entropy`
     """
     check_arguments(hidden, target, ignore_index, label_smoothing, reduction, lse_square_scale,
                     what="hidden")
@@ -406,13 +478,16 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: 
         if tuple(ce_weight.shape) != (weight.shape[0],):
             raise UnsupportedError(f"ce_weight must have shape ({weight.shape[0]},) (one value per "
                                    f"class), got {tuple(ce_weight.shape)}")
-        if float(label_smoothing) > 0:
-            raise UnsupportedError(f"ce_weight with label_smoothing={label_smoothing} is not "
-                                   "supported; use one or the other")
     cap = check_softcap(softcap)
     check_row_length(weight.shape[0], hidden.dtype, cap)
     t2 = target.reshape(-1)
-    if reduction == "none" or ce_weight is not None:
+    if ce_weight is not None and float(label_smoothing) > 0:
+        rows, lse = _FusedLinearCrossEntropyWeightedSmoothing.apply(
+            as_rows(hidden), weight, t2, bias, ce_weight, ignore_index, float(label_smoothing),
+            float(lse_square_scale), cap, chunk_size)
+        loss = _reduce_weighted(rows, t2, ce_weight, ignore_index, reduction).reshape(
+            target.shape if reduction == "none" else ())
+    elif reduction == "none" or ce_weight is not None:
         rows, lse = _FusedLinearCrossEntropyPerRow.apply(
             as_rows(hidden), weight, t2, bias, ignore_index, float(label_smoothing),
             float(lse_square_scale), cap, chunk_size)

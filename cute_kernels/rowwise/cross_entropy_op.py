@@ -253,23 +253,35 @@ class _CrossEntropy(torch.autograd.Function):
 
 
 class _WeightedCrossEntropy(torch.autograd.Function):
-    """Per-class weights: the kernels' per-row losses times ``weight[target]`` (0 for ignored
-    rows), reduced in torch (M values); the backward runs the gradient kernel with each row's
-    weight (and the mean's divisor) folded into its per-row incoming gradient."""
+    """Per-class weights: the kernels' per-row losses (without smoothing) times
+    ``weight[target]`` (0 for ignored rows), reduced in torch (M values); the backward runs
+    the gradient kernel with each row's weight (and the mean's divisor) folded into its
+    per-row incoming gradient.
+
+    Label smoothing with weights is torch's: row i adds ``eps / V * sum_j w_j (lse_i - x_ij)``
+    (``smoothing_sums`` reads the logits once more for ``sum_j w_j x_ij``), and its gradient
+    ``eps / V * (W p_ij - w_j)`` (W = sum_j w_j) goes in as the row's scale (the p part), a
+    rank-one term and a fix at the target column (``add_smoothing_gradient``: two more
+    passes over the gradient)."""
 
     @staticmethod
-    def forward(ctx, logits, target, weight, ignore_index, reduction, z, cap):
+    def forward(ctx, logits, target, weight, ignore_index, reduction, z, cap, smoothing):
         x2, t2 = as_rows(logits), target.reshape(-1)
         m, v = x2.shape
         loss_rows = torch.empty(m, dtype=torch.float32, device=logits.device)
         lse = torch.empty(m, dtype=torch.float32, device=logits.device)
         if m:
             cross_entropy_fwd(x2, t2, loss_rows, lse, None, None, ignore_index, 0.0, z, cap)
-        row_weight = weight.float()[t2.clamp(0, v - 1)] * (t2 != ignore_index)
+        counted = (t2 != ignore_index).float()
+        row_weight = weight.float()[t2.clamp(0, v - 1)] * counted
         weighted = loss_rows * row_weight
+        if smoothing:
+            w = weight.detach().float()
+            weighted = weighted_smoothing_loss(loss_rows, lse, smoothing_sums(x2, w, cap),
+                                               row_weight, counted, w, z, smoothing)
         total = row_weight.sum()
-        ctx.save_for_backward(x2, t2, lse, row_weight, total)
-        ctx.args = (ignore_index, reduction, z, cap, logits.shape)
+        ctx.save_for_backward(x2, t2, lse, row_weight, total, counted, weight)
+        ctx.args = (ignore_index, reduction, z, cap, smoothing, logits.shape)
         ctx.mark_non_differentiable(lse)
         if reduction == "none":
             return weighted.view(target.shape), lse
@@ -277,16 +289,88 @@ class _WeightedCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dloss, _):
-        x2, t2, lse, row_weight, total = ctx.saved_tensors
-        ignore_index, reduction, z, cap, shape = ctx.args
-        m = x2.shape[0]
-        drows = dloss.float().reshape(-1) * row_weight
+        x2, t2, lse, row_weight, total, counted, weight = ctx.saved_tensors
+        ignore_index, reduction, z, cap, smoothing, shape = ctx.args
+        m, v = x2.shape
+        drows = dloss.float().reshape(-1).expand(m)
         if reduction == "mean":
             drows = drows / total
         grad = torch.empty_like(x2)
+        if not smoothing:
+            if m:
+                cross_entropy_bwd(x2, t2, lse, (drows * row_weight).contiguous(), grad,
+                                  ignore_index, 0.0, z, cap)
+            return grad.view(shape), None, None, None, None, None, None, None
+        w = weight.detach().float()
+        rows, target_fix, row_coef = weighted_smoothing_grads(drows, lse, row_weight, counted, w,
+                                                              z, smoothing)
         if m:
-            cross_entropy_bwd(x2, t2, lse, drows.contiguous(), grad, ignore_index, 0.0, z, cap)
-        return grad.view(shape), None, None, None, None, None, None
+            cross_entropy_bwd(x2, t2, lse, rows, grad, ignore_index, 0.0, 0.0, cap)
+            add_smoothing_gradient(grad, x2, t2, counted, target_fix, row_coef, w, cap)
+        return grad.view(shape), None, None, None, None, None, None, None
+
+
+def weighted_smoothing_loss(rows, lse, sums, row_weight, counted, w, z: float, eps: float):
+    """Per-row losses with class weights ``w`` and torch's weighted label smoothing ``eps``,
+    from the kernels' unsmoothed rows (``lse - x_t + z lse^2``), the lse and the rows'
+    ``sum_j w_j x_j``: ``(1 - eps) w_t (lse - x_t) + eps / V sum_j w_j (lse - x_j)``, plus
+    the z-loss ``z lse^2 w_t``."""
+    v = w.shape[0]
+    return (1 - eps) * rows * row_weight + eps * (
+        z * lse.square() * row_weight + (w.sum() * lse - sums) * counted / v)
+
+
+def weighted_smoothing_grads(drows, lse, row_weight, counted, w, z: float, eps: float):
+    """For per-row incoming gradients ``drows`` of :func:`weighted_smoothing_loss`: the rows'
+    scale for the gradient kernel run without smoothing and z-loss (the factor of p_ij,
+    ``w_t (1 + 2 z lse) - eps w_t + eps W / V``), the fix at the target column, and the
+    rank-one term's row coefficient (times w_j): see :func:`add_smoothing_gradient`."""
+    v = w.shape[0]
+    rows = drows * (row_weight * (1 + 2 * z * lse) - eps * row_weight + eps * w.sum() / v * counted)
+    return rows.contiguous(), rows - (1 - eps) * row_weight * drows, -eps / v * drows * counted
+
+
+SMOOTHING_CHUNK = 1 << 24  # logits per fp32 chunk of the weighted smoothing's torch passes
+
+
+def _capped_rows(x2, cap):
+    """fp32 rows of the logits, capped as the kernels cap them (-inf stays -inf), and the
+    cap's derivative (None without a cap)."""
+    x = x2.float()
+    if not cap:
+        return x, None
+    t = torch.tanh(x / cap)
+    return torch.where(x == -torch.inf, x, cap * t), 1 - t * t
+
+
+def smoothing_sums(x2, w, cap):
+    """sum_j w_j x_ij per row in fp32 (capped logits; -inf logits count 0), in row chunks."""
+    m, v = x2.shape
+    out = torch.empty(m, dtype=torch.float32, device=x2.device)
+    step = max(1, SMOOTHING_CHUNK // max(v, 1))
+    for r in range(0, m, step):
+        x, _ = _capped_rows(x2[r: r + step], cap)
+        out[r: r + step] = torch.where(x == -torch.inf, 0.0, x) @ w
+    return out
+
+
+def add_smoothing_gradient(grad, x2, t2, counted, target_fix, row_coef, w, cap):
+    """grad[i, j] += (row_coef[i] * w[j] + [j == t_i] * target_fix[i]) * cap'(x_ij) for the
+    counted rows, in row chunks."""
+    m, v = x2.shape
+    step = max(1, SMOOTHING_CHUNK // max(v, 1))
+    for r in range(0, m, step):
+        _, slope = _capped_rows(x2[r: r + step], cap)
+        term = row_coef[r: r + step, None] * w[None, :]
+        if slope is not None:
+            term = term * slope
+        grad[r: r + step] = (grad[r: r + step].float() + term).to(grad.dtype)
+    rows = torch.arange(m, device=x2.device)
+    cols = t2.clamp(0, v - 1)
+    fix = torch.where((counted > 0) & (t2 >= 0) & (t2 < v), target_fix, 0.0)
+    if cap:
+        fix = fix * (1 - torch.tanh(x2[rows, cols].float() / cap).square())
+    grad[rows, cols] = (grad[rows, cols].float() + fix).to(grad.dtype)
 
 
 def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: float = 0.0,
@@ -310,7 +394,9 @@ def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: flo
         weight: optional (V,) per-class weights, as ``F.cross_entropy``'s: each row's loss is
             times ``weight[target]`` and "mean" divides by the sum of the counted rows'
             weights (NaN when it is 0, as torch). The z-loss term of a row is weighted with
-            it. Not with label smoothing or ``inplace_backward``; ``weight`` gets no gradient.
+            it. With label smoothing, torch's weighted smoothing (each class's term times its
+            weight; another pass over the logits in the forward, two over the gradient in the
+            backward). Not with ``inplace_backward``; ``weight`` gets no gradient.
         softcap: > 0 caps the logits to ``softcap * tanh(logits / softcap)`` (Gemma 2's
             final-logit soft cap) inside the kernels: the loss is that of the capped logits,
             the gradient is through the cap. None: no cap.
@@ -348,13 +434,11 @@ def cross_entropy(logits, target, ignore_index: int = -100, label_smoothing: flo
         if tuple(weight.shape) != (logits.shape[-1],):
             raise UnsupportedError(f"weight must have shape ({logits.shape[-1]},) (one value per "
                                    f"class), got {tuple(weight.shape)}")
-        if float(label_smoothing) > 0:
-            raise UnsupportedError(f"weight with label_smoothing={label_smoothing} is not "
-                                   "supported; use one or the other")
         if inplace_backward:
             raise UnsupportedError("weight with inplace_backward=True is not supported")
         loss, lse = _WeightedCrossEntropy.apply(logits, target, weight, ignore_index, reduction,
-                                                float(lse_square_scale), cap)
+                                                float(lse_square_scale), cap,
+                                                float(label_smoothing))
     else:
         needs_grad = logits.requires_grad and torch.is_grad_enabled()
         inplace = bool(inplace_backward and needs_grad and not torch.compiler.is_compiling())

@@ -68,7 +68,7 @@ class LayerNorm(torch.nn.LayerNorm):
 class CrossEntropyLoss(torch.nn.CrossEntropyLoss):
     """``torch.nn.CrossEntropyLoss`` running :func:`cute_kernels.cross_entropy` (class index
     targets; the class dim is dim 1 of the input, as in torch; per-class ``weight`` as torch's,
-    not with label smoothing). Adds ``lse_square_scale``, ``inplace_backward``, ``softcap`` and
+    with label smoothing too). Adds ``lse_square_scale``, ``inplace_backward``, ``softcap`` and
     ``return_z_loss`` (:func:`cute_kernels.cross_entropy`'s). Class-probability targets run torch's loss, so
     they are refused with the z-loss or the cap."""
 
