@@ -78,6 +78,11 @@ CASES = {
                       [lambda: (meta(4, 256), targets(4)),
                        lambda: (meta(7, 1000), targets(7)),
                        lambda: (meta(2, 9, 32000), targets(2, 9))]),
+    "cross_entropy_weighted_smoothing": (
+        lambda x, t, w: sum(ck.cross_entropy(x, t, weight=w, label_smoothing=0.1, softcap=20.0,
+                                             lse_square_scale=1e-4, return_z_loss=True)),
+        [lambda: (meta(4, 256), targets(4), meta(256, dtype=torch.float32, grad=False)),
+         lambda: (meta(7, 1000), targets(7), meta(1000, dtype=torch.float32, grad=False))]),
     "fused_linear_cross_entropy": (
         lambda h, w, t, b: ck.fused_linear_cross_entropy(h, w, t, b),
         [lambda: (meta(64, 256), meta(1024, 256), targets(64), None),
@@ -85,7 +90,9 @@ CASES = {
          lambda: (meta(37, 512), meta(1000, 512), targets(37), None)]),
     "fused_linear_cross_entropy_per_token": (
         lambda h, w, t: (ck.fused_linear_cross_entropy(h, w, t, reduction="none", softcap=30.0).sum()
-                         + ck.fused_linear_cross_entropy(h, w, t, ce_weight=w[:, 0].float())),
+                         + ck.fused_linear_cross_entropy(h, w, t, ce_weight=w[:, 0].float())
+                         + ck.fused_linear_cross_entropy(h, w, t, ce_weight=w[:, 1].float(),
+                                                         label_smoothing=0.1, softcap=20.0)),
         [lambda: (meta(64, 256), meta(1024, 256), targets(64)),
          lambda: (meta(2, 50, 256), meta(2048, 256), targets(2, 50))]),
     "gemm": (lambda a, b: ck.gemm(a, b).float().sum(), [lambda: (meta(128, 64), meta(64, 256)),
