@@ -226,7 +226,7 @@ def test_fused_linear_cross_entropy_picks_its_plan_from_the_free_memory(monkeypa
     t = torch.randint(0, vocab, (tokens,))
     grads = [torch.empty_like(h), torch.empty_like(w), None]
     flce.fused_linear_cross_entropy_fwd(h, w, t, None, torch.empty(()), None, *grads, -100, 0.0, 0.0, 0.0,
-                                        "mean", None)
+                                        "mean", None, None, None)
     assert calls == {"chunks": chunks, "slices": int(slices)}
 
 
@@ -259,7 +259,7 @@ def test_fused_linear_cross_entropy_planning_on_cpu(monkeypatch, free, dtype, to
     grads = [torch.full_like(h, float("nan")), torch.full_like(w, float("nan")),
              torch.full((vocab,), float("nan"))]
     flce.fused_linear_cross_entropy_fwd(h, w, t, b, loss, None, *grads, -100, smoothing, z, cap,
-                                        "mean", chunk)
+                                        "mean", chunk, None, None)
     params = [p.double().requires_grad_() for p in (h, w, b)]
     ref = ref_ce(_capped(params[0] @ params[1].t() + params[2], cap), t, smoothing=smoothing, z=z)
     if not tokens:
@@ -294,10 +294,11 @@ def test_fused_linear_cross_entropy_per_row_on_cpu(monkeypatch, free, tokens, hi
     dloss = torch.randn(tokens)
     loss, lse = torch.full((tokens,), float("nan")), torch.full((tokens,), float("nan"))
     flce.fused_linear_cross_entropy_fwd(h, w, t, b, loss, lse, None, None, None, -100, smoothing, z,
-                                        cap, "none", chunk)
+                                        cap, "none", chunk, None, None)
     grads = [torch.full_like(h, float("nan")), torch.full_like(w, float("nan")),
              torch.full((vocab,), float("nan"))]
-    flce.fused_linear_cross_entropy_bwd(h, w, t, b, lse, dloss, *grads, -100, smoothing, z, cap, chunk)
+    flce.fused_linear_cross_entropy_bwd(h, w, t, b, lse, dloss, *grads, -100, smoothing, z, cap, chunk,
+                                        None, None, None)
     params = [p.double().requires_grad_() for p in (h, w, b)]
     ref = ref_ce(_capped(params[0] @ params[1].t() + params[2], cap), t, smoothing=smoothing, z=z,
                  reduction="none")

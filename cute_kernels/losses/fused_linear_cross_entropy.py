@@ -124,13 +124,13 @@ def _weight_grad_by_slices(h2, weight, bias, target, lse, scale, ignore_index, z
     mutates_args=("loss", "lse", "grad_h", "grad_w", "grad_b", "smooth_sums"),
     schema="(Tensor h2, Tensor weight, Tensor t2, Tensor? bias, Tensor(a!) loss, Tensor(e!)? lse, "
     "Tensor(b!)? grad_h, Tensor(c!)? grad_w, Tensor(d!)? grad_b, int ignore_index, float smoothing, "
-    "float z, float softcap, str reduction, int? chunk, Tensor(f!)? smooth_sums=None, "
-    "Tensor? class_weight=None) -> ()",
+    "float z, float softcap, str reduction, int? chunk, Tensor(f!)? smooth_sums, "
+    "Tensor? class_weight) -> ()",
 )
 def fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, lse, grad_h, grad_w, grad_b,
                                    ignore_index: int, smoothing: float, z: float, softcap: float,
-                                   reduction: str, chunk: int | None, smooth_sums=None,
-                                   class_weight=None) -> None:
+                                   reduction: str, chunk: int | None, smooth_sums,
+                                   class_weight) -> None:
     """The loss of (tokens, H) rows ``h2`` against (tokens,) ``t2`` into the fp32 ``loss``
     (0-d; (tokens,) per-row losses with reduction "none"), each row's lse into ``lse`` when
     given, and for an incoming gradient of 1 the gradients into those of ``grad_h`` (h2's
@@ -206,13 +206,13 @@ def fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, lse, grad_h, grad
     mutates_args=("grad_h", "grad_w", "grad_b"),
     schema="(Tensor h2, Tensor weight, Tensor t2, Tensor? bias, Tensor lse, Tensor dloss, "
     "Tensor(b!)? grad_h, Tensor(c!)? grad_w, Tensor(d!)? grad_b, int ignore_index, float smoothing, "
-    "float z, float softcap, int? chunk, Tensor? class_weight=None, Tensor? row_coef=None, "
-    "Tensor? target_fix=None) -> ()",
+    "float z, float softcap, int? chunk, Tensor? class_weight, Tensor? row_coef, "
+    "Tensor? target_fix) -> ()",
 )
 def fused_linear_cross_entropy_bwd(h2, weight, t2, bias, lse, dloss, grad_h, grad_w, grad_b,
                                    ignore_index: int, smoothing: float, z: float, softcap: float,
-                                   chunk: int | None, class_weight=None, row_coef=None,
-                                   target_fix=None) -> None:
+                                   chunk: int | None, class_weight, row_coef,
+                                   target_fix) -> None:
     """The gradients of per-row losses (reduction "none") for (tokens,) fp32 incoming
     gradients ``dloss``, from the forward's lse: each chunk's logits are computed again,
     turned into their gradient in place and fed to the gradients that are given (as the
@@ -290,7 +290,8 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         grad_b = (torch.empty(weight.shape[0], dtype=torch.float32, device=device)
                   if bias is not None and ctx.needs_input_grad[3] else None)
         fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, lse, grad_h, grad_w, grad_b,
-                                       ignore_index, smoothing, z, softcap, reduction, chunk)
+                                       ignore_index, smoothing, z, softcap, reduction, chunk,
+                                       None, None)
         ctx.save_for_backward(grad_h, grad_w, grad_b)
         ctx.bias_dtype = None if bias is None else bias.dtype
         ctx.mark_non_differentiable(lse)
@@ -317,7 +318,8 @@ class _FusedLinearCrossEntropyPerRow(torch.autograd.Function):
         loss = torch.empty(h2.shape[0], dtype=torch.float32, device=h2.device)
         lse = torch.empty(h2.shape[0], dtype=torch.float32, device=h2.device)
         fused_linear_cross_entropy_fwd(h2, weight, t2, bias, loss, lse, None, None, None,
-                                       ignore_index, smoothing, z, softcap, "none", chunk)
+                                       ignore_index, smoothing, z, softcap, "none", chunk,
+                                       None, None)
         ctx.save_for_backward(h2, weight, t2, bias, lse)
         ctx.ignore_index, ctx.smoothing, ctx.z, ctx.chunk = ignore_index, smoothing, z, chunk
         ctx.softcap = softcap
@@ -334,7 +336,7 @@ class _FusedLinearCrossEntropyPerRow(torch.autograd.Function):
                   if bias is not None and need_b else None)
         fused_linear_cross_entropy_bwd(h2, weight, t2, bias, lse, dloss.float().contiguous(),
                                        grad_h, grad_w, grad_b, ctx.ignore_index, ctx.smoothing,
-                                       ctx.z, ctx.softcap, ctx.chunk)
+                                       ctx.z, ctx.softcap, ctx.chunk, None, None, None)
         if grad_b is not None:
             grad_b = grad_b.to(bias.dtype)
         return grad_h, grad_w, None, grad_b, None, None, None, None, None
