@@ -310,6 +310,16 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         return grad_h, grad_w, None, grad_b, None, None, None, None, None, None
 
 
+def _gradient_buffers(ctx, h2, weight, bias):
+    """The backward's hidden, weight and (fp32) bias gradients, for the inputs that need one."""
+    need_h, need_w, _, need_b = ctx.needs_input_grad[:4]
+    grad_h = torch.empty_like(h2) if need_h else None
+    grad_w = torch.empty_like(weight) if need_w else None
+    grad_b = (torch.empty(weight.shape[0], dtype=torch.float32, device=h2.device)
+              if bias is not None and need_b else None)
+    return grad_h, grad_w, grad_b
+
+
 class _FusedLinearCrossEntropyPerRow(torch.autograd.Function):
     # reduction "none": (tokens,) losses; the backward computes the gradients for its
     # per-row incoming gradient from the stored lse (the logits once more).
@@ -329,11 +339,7 @@ class _FusedLinearCrossEntropyPerRow(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dloss, _):
         h2, weight, t2, bias, lse = ctx.saved_tensors
-        need_h, need_w, _, need_b = ctx.needs_input_grad[:4]
-        grad_h = torch.empty_like(h2) if need_h else None
-        grad_w = torch.empty_like(weight) if need_w else None
-        grad_b = (torch.empty(weight.shape[0], dtype=torch.float32, device=h2.device)
-                  if bias is not None and need_b else None)
+        grad_h, grad_w, grad_b = _gradient_buffers(ctx, h2, weight, bias)
         fused_linear_cross_entropy_bwd(h2, weight, t2, bias, lse, dloss.float().contiguous(),
                                        grad_h, grad_w, grad_b, ctx.ignore_index, ctx.smoothing,
                                        ctx.z, ctx.softcap, ctx.chunk, None, None, None)
@@ -365,11 +371,7 @@ class _FusedLinearCrossEntropyWeightedSmoothing(torch.autograd.Function):
     def backward(ctx, dloss, _):
         h2, weight, t2, bias, lse, row_weight, counted, w = ctx.saved_tensors
         ignore_index, smoothing, z, softcap, chunk = ctx.args
-        need_h, need_w, _, need_b = ctx.needs_input_grad[:4]
-        grad_h = torch.empty_like(h2) if need_h else None
-        grad_w = torch.empty_like(weight) if need_w else None
-        grad_b = (torch.empty(weight.shape[0], dtype=torch.float32, device=h2.device)
-                  if bias is not None and need_b else None)
+        grad_h, grad_w, grad_b = _gradient_buffers(ctx, h2, weight, bias)
         rows, target_fix, row_coef = weighted_smoothing_grads(dloss.float(), lse, row_weight,
                                                               counted, w, z, smoothing)
         fused_linear_cross_entropy_bwd(h2, weight, t2, bias, lse, rows, grad_h, grad_w, grad_b,
