@@ -143,11 +143,11 @@ def test_class_weights_with_label_smoothing_on_cpu(monkeypatch, reduction, z, ca
     # torch's weighted smoothing put together around the kernels (their contracts in torch):
     # the forward's weighted sums and the backward's rank-one term and target fix, in several
     # row chunks, against float64 autograd
-    from cute_kernels.rowwise import cross_entropy_op as op
+    from cute_kernels.rowwise import cross_entropy_op as op, cross_entropy_terms
 
     monkeypatch.setattr(op, "cross_entropy_fwd", _KernelsInTorch.cross_entropy_fwd)
     monkeypatch.setattr(op, "cross_entropy_bwd", _KernelsInTorch.cross_entropy_bwd)
-    monkeypatch.setattr(op, "SMOOTHING_CHUNK", 5 * 41)
+    monkeypatch.setattr(cross_entropy_terms, "SMOOTHING_CHUNK", 5 * 41)
     m, v, eps = 23, 41, 0.2
     x = (torch.randn(m, v) * 3).requires_grad_()
     t = torch.randint(0, v, (m,))
@@ -497,22 +497,22 @@ def test_class_weights_with_label_smoothing(reduction, dtype, z, cap):
     # torch's weighted smoothing (each class's smoothing term times its weight, the mean over
     # the counted rows' weights), with the z-loss and the soft cap; more rows than one of the
     # torch passes' chunks, ignored rows
-    from cute_kernels.rowwise import cross_entropy_op
+    from cute_kernels.rowwise import cross_entropy_terms
 
     m, v, eps = 70, 3001, 0.15
     x = (torch.randn(m, v, device="cuda") * 4 + 1).to(dtype).requires_grad_()
     t = torch.randint(0, v, (m,), device="cuda")
     t[::6] = -100
     w = torch.rand(v, device="cuda") * 2
-    old = cross_entropy_op.SMOOTHING_CHUNK
-    cross_entropy_op.SMOOTHING_CHUNK = 16 * v  # several chunks and a ragged last one
+    old = cross_entropy_terms.SMOOTHING_CHUNK
+    cross_entropy_terms.SMOOTHING_CHUNK = 16 * v  # several chunks and a ragged last one
     try:
         loss = ck.cross_entropy(x, t, label_smoothing=eps, reduction=reduction, weight=w,
                                 lse_square_scale=z, softcap=cap)
         g = torch.rand_like(loss) + 0.5
         (dx,) = torch.autograd.grad(loss, x, g)
     finally:
-        cross_entropy_op.SMOOTHING_CHUNK = old
+        cross_entropy_terms.SMOOTHING_CHUNK = old
     x64 = x.detach().double().requires_grad_()
     ref = ref_ce(_capped(x64, cap), t, smoothing=eps, reduction=reduction, z=z, weight=w)
     torch.testing.assert_close(loss.double(), ref, atol=1e-5, rtol=1e-5)

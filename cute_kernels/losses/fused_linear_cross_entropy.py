@@ -10,12 +10,12 @@ import torch
 
 from ..gemm.config import Epilogue, GemmConfig
 from ..gemm.op import gemm_with_config
-from ..rowwise.cross_entropy_op import (FLOAT_DTYPES, add_smoothing_gradient, as_rows,
-                                        check_arguments, check_row_length, check_softcap,
-                                        cross_entropy_bwd, cross_entropy_fwd, mean_scale,
-                                        scale_rows, smoothing_sums, torch_cross_entropy,
-                                        weighted_smoothing_grads, weighted_smoothing_loss,
-                                        z_loss_part)
+from ..rowwise.cross_entropy_op import (FLOAT_DTYPES, as_rows, check_arguments, check_row_length,
+                                        check_softcap, cross_entropy_bwd, cross_entropy_fwd,
+                                        mean_scale, scale_rows)
+from ..rowwise.cross_entropy_terms import (add_smoothing_gradient, smoothing_sums,
+                                           torch_cross_entropy, weighted_smoothing_grads,
+                                           weighted_smoothing_loss, z_loss_part)
 from ..runtime import DTypeError, UnsupportedError, kernel_op
 from ..runtime.arch import sm_count
 from ..runtime.errors import check_tensor, describe

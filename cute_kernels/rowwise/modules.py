@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 
 from ..runtime import UnsupportedError
-from .cross_entropy_op import cross_entropy, torch_cross_entropy
+from .cross_entropy_op import cross_entropy
+from .cross_entropy_terms import torch_cross_entropy
 from .norm_op import layer_norm, rms_norm
 
 
