@@ -456,7 +456,9 @@ def fused_linear_cross_entropy(hidden, weight, target, bias=None, ignore_index: 
       - with too little free memory for a chunk of 1024 tokens' logits, the slice pass runs for
         16-bit inputs without label smoothing whose hidden / weight rows are 16-byte aligned;
         other inputs then accumulate in chunks of :func:`chunk_rows` tokens
-      - reduction "none" and ``ce_weight`` run one GEMM more per chunk (in the backward)
+      - reduction "none" and ``ce_weight`` run one GEMM more per chunk (in the backward);
+        ``ce_weight`` with label smoothing also reads each chunk's logits once more in the
+        forward and its gradient twice more in the backward (with a cap, in a second buffer)
       - V up to 524288 (262144 for fp32 with a soft cap); label smoothing as in :func:`cross_entropy`
     """
     check_arguments(hidden, target, ignore_index, label_smoothing, reduction, lse_square_scale,
