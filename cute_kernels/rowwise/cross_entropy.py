@@ -6,7 +6,8 @@ Forward, per row with target t (ignored rows: loss 0; a target outside [0, V): l
     loss = lse - (1 - eps) * x[t] - eps / V * sum(x) + z * lse^2
 with eps the label smoothing and z the lse-square (z-loss) scale. With a soft cap c, x stands
 for c * tanh(x / c) throughout (the logits are capped as they are loaded) and the gradient
-is times the cap's derivative 1 - tanh^2(x / c). lse is stored for the backward. Optionally the forward also writes the gradient (times a scale read from device
+is times the cap's derivative 1 - tanh^2(x / c). lse is stored for the backward.
+Optionally the forward also writes the gradient (times a scale read from device
 memory, e.g. 1 / number of counted rows), so the logits are read once for loss and gradient;
 the gradient may overwrite the logits. With a scale the stored per-row loss is scaled too, so
 a mean is the plain sum of the stored rows (``InverseCountSm90`` computes 1 / counted rows on
