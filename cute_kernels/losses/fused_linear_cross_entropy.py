@@ -13,7 +13,7 @@ from ..gemm.op import gemm_with_config
 from ..rowwise.cross_entropy_op import (FLOAT_DTYPES, as_rows, check_arguments, check_row_length,
                                         check_softcap, cross_entropy_bwd, cross_entropy_fwd,
                                         mean_scale, scale_rows)
-from ..rowwise.cross_entropy_terms import (add_smoothing_gradient, smoothing_sums,
+from ..rowwise.cross_entropy_terms import (add_smoothing_gradient, row_weights, smoothing_sums,
                                            torch_cross_entropy, weighted_smoothing_grads,
                                            weighted_smoothing_loss, z_loss_part)
 from ..runtime import DTypeError, UnsupportedError, kernel_op
@@ -361,7 +361,7 @@ class _FusedLinearCrossEntropyWeightedSmoothing(torch.autograd.Function):
         fused_linear_cross_entropy_fwd(h2, weight, t2, bias, rows, lse, None, None, None,
                                        ignore_index, 0.0, z, softcap, "none", chunk, sums, w)
         counted = (t2 != ignore_index).float()
-        row_weight = w[t2.clamp(0, w.shape[0] - 1)] * counted
+        row_weight = row_weights(t2, w, ignore_index)
         ctx.save_for_backward(h2, weight, t2, bias, lse, row_weight, counted, w)
         ctx.args = (ignore_index, smoothing, z, softcap, chunk)
         ctx.mark_non_differentiable(lse)
@@ -382,13 +382,6 @@ class _FusedLinearCrossEntropyWeightedSmoothing(torch.autograd.Function):
         return grad_h, grad_w, None, grad_b, None, None, None, None, None, None
 
 
-def _row_weight(t2, ce_weight, ignore_index: int) -> torch.Tensor:
-    """Each token's class weight in fp32, 0 for ignored tokens."""
-    counted = t2 != ignore_index
-    picked = ce_weight.detach().float()[torch.where(counted, t2, 0).clamp(0, ce_weight.shape[0] - 1)]
-    return torch.where(counted, picked, 0.0)
-
-
 def _reduce_weighted(weighted, t2, ce_weight, ignore_index: int, reduction: str) -> torch.Tensor:
     """Per-token losses already weighted, reduced as torch's weighted cross-entropy: "mean"
     divides by the counted tokens' summed weights."""
@@ -396,12 +389,12 @@ def _reduce_weighted(weighted, t2, ce_weight, ignore_index: int, reduction: str)
         return weighted
     if reduction == "sum":
         return weighted.sum()
-    return weighted.sum() / _row_weight(t2, ce_weight, ignore_index).sum()
+    return weighted.sum() / row_weights(t2, ce_weight, ignore_index).sum()
 
 
 def _weighted(rows, t2, ce_weight, ignore_index: int, reduction: str) -> torch.Tensor:
     """Per-token losses times their class weight (0 for ignored tokens), reduced."""
-    return _reduce_weighted(rows * _row_weight(t2, ce_weight, ignore_index), t2, ce_weight,
+    return _reduce_weighted(rows * row_weights(t2, ce_weight, ignore_index), t2, ce_weight,
                             ignore_index, reduction)
 
 

@@ -9,8 +9,8 @@ import torch
 from ..runtime import ScalarSpec, StreamSpec, Sym, TensorSpec, UnsupportedError, get_kernel, kernel_op
 from ..runtime.errors import check_tensor
 from .config import row_config
-from .cross_entropy_terms import (add_smoothing_gradient, smoothing_sums, weighted_smoothing_grads,
-                                  weighted_smoothing_loss, z_loss_part)
+from .cross_entropy_terms import (add_smoothing_gradient, row_weights, smoothing_sums,
+                                  weighted_smoothing_grads, weighted_smoothing_loss, z_loss_part)
 from .dispatch import RowKernels, row_specs, vector_width, widest_itemsize
 
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -245,13 +245,13 @@ class _WeightedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, weight, ignore_index, reduction, z, cap, smoothing):
         x2, t2 = as_rows(logits), target.reshape(-1)
-        m, v = x2.shape
+        m = x2.shape[0]
         loss_rows = torch.empty(m, dtype=torch.float32, device=logits.device)
         lse = torch.empty(m, dtype=torch.float32, device=logits.device)
         if m:
             cross_entropy_fwd(x2, t2, loss_rows, lse, None, None, ignore_index, 0.0, z, cap)
         counted = (t2 != ignore_index).float()
-        row_weight = weight.float()[t2.clamp(0, v - 1)] * counted
+        row_weight = row_weights(t2, weight, ignore_index)
         weighted = loss_rows * row_weight
         if smoothing:
             w = weight.detach().float()

@@ -30,16 +30,23 @@ def torch_cross_entropy(logits, target, ignore_index=-100, label_smoothing=0.0, 
     return (loss + z, z.detach()) if return_z_loss else loss + z
 
 
+def row_weights(target, weight, ignore_index: int, dtype=torch.float32):
+    """Each row's class weight (1 without ``weight``), 0 for ignored rows (whatever the weight
+    of the class the ignored index would pick), as flat ``dtype`` values."""
+    t = target.reshape(-1)
+    counted = t != ignore_index
+    if weight is None:
+        return counted.to(dtype)
+    picked = weight.detach().to(dtype)[torch.where(counted, t, 0).clamp(0, weight.shape[0] - 1)]
+    return torch.where(counted, picked, 0.0)
+
+
 def z_loss_part(lse, target, ignore_index: int, reduction: str, z: float, weight=None,
                 dtype=torch.float32):
     """The z-loss term of a loss from its rows' lse: ``z * lse^2`` per counted row (times the
     row's class weight), reduced as the loss is ("mean": over the counted rows or their summed
     weights, NaN when there are none)."""
-    t = target.reshape(-1)
-    counted = t != ignore_index
-    row_weight = counted.to(dtype)
-    if weight is not None:
-        row_weight = row_weight * weight.to(dtype)[t.clamp(0, weight.shape[0] - 1)]
+    row_weight = row_weights(target, weight, ignore_index, dtype)
     rows = z * lse.square() * row_weight
     if reduction == "none":
         return rows.view(target.shape)
