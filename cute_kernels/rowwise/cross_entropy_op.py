@@ -269,7 +269,7 @@ class _WeightedCrossEntropy(torch.autograd.Function):
     def backward(ctx, dloss, _):
         x2, t2, lse, row_weight, total, counted, weight = ctx.saved_tensors
         ignore_index, reduction, z, cap, smoothing, shape = ctx.args
-        m, v = x2.shape
+        m = x2.shape[0]
         drows = dloss.float().reshape(-1).expand(m)
         if reduction == "mean":
             drows = drows / total
