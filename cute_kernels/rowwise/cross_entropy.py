@@ -5,8 +5,8 @@ Forward, per row with target t (ignored rows: loss 0; a target outside [0, V): l
                                                      across warps and the CTAs of a cluster)
     loss = lse - (1 - eps) * x[t] - eps / V * sum(x) + z * lse^2
 with eps the label smoothing and z the lse-square (z-loss) scale. With a soft cap c, x stands
-for c * tanh(x / c) throughout (the logits are capped as they are loaded) and the gradient
-is times the cap's derivative 1 - tanh^2(x / c). lse is stored for the backward.
+for c * tanh(x / c) throughout (each logit turned into the ratio r below as it is loaded) and
+the gradient is times the cap's derivative 1 - tanh^2(x / c). lse is stored for the backward.
 Optionally the forward also writes the gradient (times a scale read from device
 memory, e.g. 1 / number of counted rows), so the logits are read once for loss and gradient;
 the gradient may overwrite the logits. With a scale the stored per-row loss is scaled too, so
@@ -64,6 +64,7 @@ class CrossEntropyConfig:
     write_grad: bool = False  # forward also writes the gradient
     scaled: bool = False  # forward: loss (and gradient) times scale[0]
     softcap: bool = False  # logits capped to c * tanh(x / c) as they are loaded
+    ctas_per_sm: int = 0  # forward: > 1 caps the registers so that many CTAs share an SM
 
 
 def _softmax_sum(a: tuple, b: tuple) -> tuple:
@@ -87,30 +88,63 @@ def _load_logit(mX: cute.Tensor, row, target: Int64, in_range: Boolean) -> Float
     return value
 
 
-@cute.jit
-def _capped_and_slope(x: Float32, cap: Float32):
-    """c * tanh(x / c) of one logit and a quarter of its derivative 1 - tanh^2(x / c) (the 4
-    goes into the gradient's row scale), from e = exp(2 x / c) and r = 1 / (1 + e):
-    c * tanh(x / c) = c (1 - 2 r) and (1 - tanh^2) / 4 = r (1 - r) = r min(e r, 1) (no
-    cancellation where it is tiny; the min turns inf * 0 past x = 44 c into the derivative's 0).
-    Eight instructions where the math library's tanh and the derivative from it take ~23:
-    ex2.approx and rcp.approx put the capped value within ~3e-7 c of the exact one (an
-    absolute error: what a softmax sees). NaN stays NaN."""
-    e = cute.math.exp2(x * (2.0 * LOG2_E / cap), fastmath=True)
-    r = cute.arch.rcp_approx(1.0 + e)
-    return cap - (2.0 * cap) * r, r * cute.arch.fmin(e * r, Float32(1.0))
+# The soft cap through r = 1 / (1 + exp(2 x / c)): c * tanh(x / c) = c (1 - 2 r) and the
+# derivative 1 - tanh^2 = 4 r (1 - r). A thread keeps r alone for its slice (the capped
+# value, the softmax's exponent and the derivative are each one FMA from it), so the capped
+# kernel holds as many row values in registers as the plain one. ex2.approx and rcp.approx put
+# the capped value within ~3e-7 c of the exact one (an absolute error: what a softmax sees).
 
 
 @cute.jit
-def _soft_cap(x, cap: Float32):
-    """``_capped_and_slope`` of a row slice (fp32), -inf (padding) left as it is (its
-    derivative 0)."""
-    capped = cute.make_rmem_tensor_like(x, Float32)
-    slope = cute.make_rmem_tensor_like(x, Float32)
-    capped.store(x)
-    for i in cutlass.range_constexpr(cute.size(capped)):
-        capped[i], slope[i] = _capped_and_slope(capped[i], cap)
-    return cute.where(x == -Float32.inf, x, capped.load()), slope.load()
+def _cap_ratio(x: Float32, cap: Float32) -> Float32:
+    """r = 1 / (1 + exp(2 x / c)) of one logit (0 at +inf, 1 at -inf, NaN at NaN)."""
+    return cute.arch.rcp_approx(1.0 + cute.math.exp2(x * (2.0 * LOG2_E / cap), fastmath=True))
+
+
+@cute.jit
+def _cap_slope_quarter(r: Float32) -> Float32:
+    """(1 - tanh^2) / 4 = r (1 - r) from ``_cap_ratio``'s r; 0 where r is +inf (a -inf logit,
+    see ``_slice_ratio``) or NaN (its gradient is NaN through the softmax)."""
+    return cute.arch.fmax(r - r * r, Float32(0.0))
+
+
+@cute.jit
+def _capped(x: Float32, cap: Float32) -> Float32:
+    """c * tanh(x / c) of one logit (-c at -inf)."""
+    return cap - (2.0 * cap) * _cap_ratio(x, cap)
+
+
+@cute.jit
+def _slice_ratio(v: Float32, cap: Float32) -> Float32:
+    """``_cap_ratio`` of a row slice's logit, +inf where it is -inf (padding or data): the
+    softmax's exponent (c - shift) log2 e - 2 c log2 e r is then -inf, as for a -inf logit
+    without a cap."""
+    return cutlass.select_(v == -Float32.inf, Float32.inf, _cap_ratio(v, cap))
+
+
+@cute.jit
+def _cap_ratios(x, cap: Float32):
+    """``_slice_ratio`` of a row slice (its register fragment as loaded)."""
+    r = cute.make_rmem_tensor_like(x, Float32)
+    for i in cutlass.range_constexpr(cute.size(r)):
+        r[i] = _slice_ratio(x[i].to(Float32), cap)
+    return r.load()
+
+
+@cute.jit
+def _capped_sums(x, cap: Float32, shift: Float32, smoothing: cutlass.Constexpr):
+    """``_cap_ratios`` of a row slice, with the slice's sum of exp(capped - shift) and (with
+    ``smoothing``) of its finite capped values, accumulated as the ratios are made (so that
+    they replace the logits one by one)."""
+    r = cute.make_rmem_tensor_like(x, Float32)
+    exponent = (cap - shift) * LOG2_E
+    e_sum, capped_sum = Float32(0.0), Float32(0.0)
+    for i in cutlass.range_constexpr(cute.size(r)):
+        r[i] = _slice_ratio(x[i].to(Float32), cap)
+        e_sum += cute.math.exp2(exponent - (2.0 * LOG2_E) * cap * r[i], fastmath=True)
+        if const_expr(smoothing):
+            capped_sum += cutlass.select_(r[i] == Float32.inf, Float32(0.0), cap - (2.0 * cap) * r[i])
+    return r.load(), e_sum, capped_sum
 
 
 @cute.jit
@@ -133,22 +167,30 @@ class _CrossEntropyKernel(RowKernel):
 
     @cute.jit
     def _gradient(self, mGrad, coords, pred, tile, p, lse, scale, row, target, counted, in_range,
-                  x_target: Float32, smoothing: Float32, z_scale: Float32, cap_slope, slope_target):
+                  x_target: Float32, smoothing: Float32, z_scale: Float32, ratio, slope_target,
+                  softcap: Float32):
         """Write scale * dloss/dx for this thread's slice of the row (0 for ignored rows), given
-        ``p`` = softmax of the slice (with a soft cap, ``cap_slope`` is the slice's cap
-        derivative and ``slope_target`` the target's, both a quarter of it; None without). The
-        -(1 - eps) at the target column is written afterwards, as one scalar, by the thread
-        whose slice holds that column (its own earlier vector store is ordered before it)."""
+        ``p`` = softmax of the slice; with a soft cap instead the slice's ``_cap_ratios`` (p and
+        the cap's derivative from them, value by value) and ``slope_target``, a quarter of the
+        derivative at the target. The -(1 - eps) at the target column is written afterwards, as
+        one scalar, by the thread whose slice holds that column (its own earlier vector store
+        is ordered before it)."""
         cfg, rows = self.config, self.rows
         row_scale = scale if counted else Float32(0.0)
-        if const_expr(cfg.softcap):
-            row_scale = row_scale * 4.0  # the cap's derivative comes as a quarter of it
         factor = 1.0 + 2.0 * z_scale * lse if const_expr(cfg.z_loss) else Float32(1.0)
         floor = smoothing * (1.0 / rows.n) if const_expr(cfg.smoothing) else Float32(0.0)
         tXgG = thread_fragment(mGrad, make_row_copy(mGrad.element_type, rows), rows, tile)
         tXrG = cute.make_rmem_tensor_like(tXgG)
         if const_expr(cfg.softcap):
-            tXrG.store(((p * factor - floor) * row_scale * cap_slope).to(mGrad.element_type))
+            row_scale = row_scale * 4.0  # the derivative comes as a quarter of it
+            g = cute.make_rmem_tensor_like(ratio, Float32)
+            g.store(ratio)
+            exponent = (softcap - lse) * LOG2_E
+            for i in cutlass.range_constexpr(cute.size(g)):
+                r = g[i]
+                p_i = cute.math.exp2(exponent - (2.0 * LOG2_E) * softcap * r, fastmath=True)
+                g[i] = (p_i * factor - floor) * row_scale * _cap_slope_quarter(r)
+            tXrG.store(g.load().to(mGrad.element_type))
         else:
             tXrG.store(((p * factor - floor) * row_scale).to(mGrad.element_type))
         store_fragment(tXrG, tXgG, pred)
@@ -163,7 +205,7 @@ class _CrossEntropyKernel(RowKernel):
             hit = 1.0 - smoothing if const_expr(cfg.smoothing) else Float32(1.0)
             g_t = (p_t * factor - floor - hit) * row_scale
             if const_expr(cfg.softcap):
-                g_t = g_t * slope_target
+                g_t = g_t * slope_target  # times 4 in row_scale
             mGrad[row, target] = g_t.to(mGrad.element_type)
 
 
@@ -177,7 +219,7 @@ class CrossEntropyFwdSm90(_CrossEntropyKernel):
         grid_x = cute.ceil_div(mX.shape[0], self.rows.rows_per_cta)
         kernel = self.kernel(mX, mTarget, mLoss, mLse, mGrad, mScale, ignore_index, smoothing, z_scale,
                              softcap)
-        self._launch(kernel, grid_x, stream)
+        self._launch(kernel, grid_x, stream, ctas_per_sm=self.config.ctas_per_sm)
 
     @cute.kernel
     def kernel(self, mX, mTarget, mLoss, mLse, mGrad, mScale, ignore_index: Int64,
@@ -197,21 +239,32 @@ class CrossEntropyFwdSm90(_CrossEntropyKernel):
         tXrX = cute.make_rmem_tensor_like(tXgX)
         load_fragments(pred, (tXgX, tXrX, None, -mX.element_type.inf))
         x = tXrX.load().to(Float32)
-        cap_slope, slope_target = None, None
-        if const_expr(cfg.softcap):
-            x, cap_slope = _soft_cap(x, softcap)
-            x_target, slope_target = _capped_and_slope(x_target, softcap)
-
         group = const_expr(min(rows.threads_per_row, 32))
         (warp_max,) = shuffle_combine((x.reduce(cute.ReductionOp.MAX, -Float32.inf, 0),), maximum, group)
+        ratio, slope_target = None, None
+        if const_expr(cfg.softcap):
+            # The cap is increasing: the capped row's max is the max capped.
+            warp_max = cutlass.select_(warp_max == -Float32.inf, warp_max, _capped(warp_max, softcap))
         # A slice of only -inf (padding or data) exponentiates against 0 so its sum is 0, not NaN.
         shift = cutlass.select_(warp_max == -Float32.inf, Float32(0.0), warp_max)
-        e = cute.math.exp2(x * LOG2_E - shift * LOG2_E, fastmath=True)
-        (warp_sum,) = shuffle_combine((e.reduce(cute.ReductionOp.ADD, Float32(0.0), 0),), add, group)
+        if const_expr(cfg.softcap):
+            # The ratios replace the logits one by one, each exponentiated and summed at once,
+            # so that one row-sized fragment is held (as without a cap).
+            ratio, e_sum, capped_sum = _capped_sums(tXrX, softcap, shift, cfg.smoothing)
+            (warp_sum,) = shuffle_combine((e_sum,), add, group)
+            target_ratio = _cap_ratio(x_target, softcap)
+            x_target, slope_target = softcap - (2.0 * softcap) * target_ratio, _cap_slope_quarter(target_ratio)
+        else:
+            e = cute.math.exp2(x * LOG2_E - shift * LOG2_E, fastmath=True)
+            (warp_sum,) = shuffle_combine((e.reduce(cute.ReductionOp.ADD, Float32(0.0), 0),), add, group)
         partial, identity, combine = (warp_max, warp_sum), (-Float32.inf, Float32(0.0)), softmax_pair
         if const_expr(cfg.smoothing):
-            finite = cute.where(x == -Float32.inf, cute.full_like(x, 0.0), x)
-            (x_sum,) = shuffle_combine((finite.reduce(cute.ReductionOp.ADD, Float32(0.0), 0),), add, group)
+            if const_expr(cfg.softcap):
+                x_sum = capped_sum
+            else:
+                finite = cute.where(x == -Float32.inf, cute.full_like(x, 0.0), x)
+                x_sum = finite.reduce(cute.ReductionOp.ADD, Float32(0.0), 0)
+            (x_sum,) = shuffle_combine((x_sum,), add, group)
             partial, identity, combine = partial + (x_sum,), identity + (Float32(0.0),), _softmax_sum
         if const_expr(rows.threads_per_row > 32 or rows.cluster_n > 1):
             partial = cross_warp_combine(
@@ -237,10 +290,12 @@ class CrossEntropyFwdSm90(_CrossEntropyKernel):
             mLoss[row] = loss * scale if const_expr(cfg.scaled) else loss
             mLse[row] = lse
         if const_expr(cfg.write_grad):
-            # softmax = e * exp(shift - lse): reuse e rather than keep x alive for another exp
-            p = e * cute.math.exp2((shift - lse) * LOG2_E, fastmath=True)
+            p = None  # with a cap, from the ratios (a second exponential rather than e kept)
+            if const_expr(not cfg.softcap):
+                # softmax = e * exp(shift - lse): reuse e rather than keep x alive for another exp
+                p = e * cute.math.exp2((shift - lse) * LOG2_E, fastmath=True)
             self._gradient(mGrad, coords, pred, tile, p, lse, scale, row, target,
-                           counted, in_range, x_target, smoothing, z_scale, cap_slope, slope_target)
+                           counted, in_range, x_target, smoothing, z_scale, ratio, slope_target, softcap)
 
 
 class CrossEntropyBwdSm90(_CrossEntropyKernel):
@@ -267,13 +322,15 @@ class CrossEntropyBwdSm90(_CrossEntropyKernel):
         lse, dloss = _load_row_pair(mLse, mdLoss, row, mX.shape[0])
         x_target = _load_logit(mX, row, target, in_range)
         x = tXrX.load().to(Float32)
-        cap_slope, slope_target = None, None
+        p, ratio, slope_target = None, None, None
         if const_expr(self.config.softcap):
-            x, cap_slope = _soft_cap(x, softcap)
-            x_target, slope_target = _capped_and_slope(x_target, softcap)
-        p = cute.math.exp2(x * LOG2_E - lse * LOG2_E, fastmath=True)
+            ratio = _cap_ratios(tXrX, softcap)
+            target_ratio = _cap_ratio(x_target, softcap)
+            x_target, slope_target = softcap - (2.0 * softcap) * target_ratio, _cap_slope_quarter(target_ratio)
+        else:
+            p = cute.math.exp2(x * LOG2_E - lse * LOG2_E, fastmath=True)
         self._gradient(mGrad, coords, pred, tile, p, lse, dloss, row, target,
-                       counted, in_range, x_target, smoothing, z_scale, cap_slope, slope_target)
+                       counted, in_range, x_target, smoothing, z_scale, ratio, slope_target, softcap)
 
 
 SCALE_ROWS_CTAS = 1024  # grid cap: CTAs loop over row tiles, so a skipped scaling is cheap

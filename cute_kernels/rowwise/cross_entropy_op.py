@@ -28,10 +28,20 @@ def _target_spec(dtype):
 
 
 def _held(x_t, grad_t, softcap: bool) -> int:
-    """Row-sized fragments a forward thread keeps in registers: with a soft cap and the
-    gradient, the cap's derivative beside the exponentials; for 32-bit rows (twice the
-    elements per thread) that takes a second fragment's worth."""
+    """The launch shape's row-sized fragments a forward thread keeps in registers: one, but
+    for 32-bit rows with a soft cap and the gradient two (at 128 values a thread their capped
+    kernel spills 8-28 bytes at 255 registers: 64 values a thread instead)."""
     return 2 if softcap and grad_t is not None and widest_itemsize((x_t, grad_t)) >= 4 else 1
+
+
+def _forward_ctas_per_sm(rows, x_t, grad_t, smoothing: bool, z_loss: bool, softcap: bool) -> int:
+    """Two CTAs per SM (registers capped at 128) for capped 16-bit rows of 256-thread CTAs
+    without label smoothing or z-loss: the kernel then holds one row-sized fragment, as the
+    plain one does at 127 registers, and one CTA's loads run under the other's exponentials.
+    With smoothing or z-loss (4-12 bytes of spills at several vocabularies) and 32-bit rows
+    (the loss-only kernels hold 128 values a thread) one CTA per SM."""
+    return 2 if (softcap and not smoothing and not z_loss and rows.num_threads == 256
+                 and widest_itemsize((x_t, grad_t)) == 2) else 0
 
 
 def _build_forward(key, vec):
@@ -41,7 +51,8 @@ def _build_forward(key, vec):
     rows = row_config(n, vec, widest_itemsize((x_t, grad_t)), tensors_held=_held(x_t, grad_t, softcap))
     # Direct loads, so the target's dependent scalar loads overlap the row's.
     rows = dataclasses.replace(rows, stage_smem=False)
-    config = CrossEntropyConfig(rows, smoothing, z_loss, grad_t is not None, scaled, softcap)
+    config = CrossEntropyConfig(rows, smoothing, z_loss, grad_t is not None, scaled, softcap,
+                                ctas_per_sm=_forward_ctas_per_sm(rows, x_t, grad_t, smoothing, z_loss, softcap))
     x = row_specs((x_t,), n, vec)
     grad = None if grad_t is None else row_specs((grad_t,), n, vec)[0]
     specs = (x[0], _target_spec(target_t), _ROW_STAT, _ROW_STAT, grad,
