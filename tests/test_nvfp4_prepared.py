@@ -9,8 +9,10 @@ from cute_kernels.quant.formats import nvfp4_dequantize_ref, nvfp4_quantize_ref
 from cute_kernels.quant.nvfp4_w4a16_sm90 import (
     CHUNK_LINES,
     CODE_BYTES,
+    DECODE_MASK,
     K_ALIGN,
     LINE,
+    WORD_BITS,
     prepare_weight,
     unprepare_weight,
 )
@@ -44,17 +46,39 @@ def _bf16(bits):
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
+def _rotr(word, bits):
+    return (word >> np.uint32(bits)) | (word << np.uint32(32 - bits)) if bits else word
+
+
 def _decode_word(word, s_top, s_bottom):
-    """The kernel's decode (``_decode_rows_ptx``) in numpy: four registers of two bf16."""
-    u = word >> np.uint32(8)
+    """The kernel's decode (``_DECODE_ROWS``) in numpy: four registers of two bf16."""
+    mask = np.uint32(DECODE_MASK)
+    raw = [_rotr(word, 0) & mask, _rotr(word, 3) & mask, _rotr(word, 6) & mask,
+           np.uint32((int(word & np.uint32(0x001B001B)) * 0x1084) & 0xFFFFFFFF) & mask]
     out = []
-    for i, (src, mask, factor) in enumerate(((word, 0x000F000F, 0x1040), (word, 0x00F000F0, 0x104),
-                                             (u, 0x000F000F, 0x1040), (u, 0x00F000F0, 0x104))):
-        p = ((src & np.uint32(mask)) * np.uint32(factor)) & np.uint32(0x81C081C0)
+    for i, p in enumerate(raw):
         scale = s_top if i % 2 == 0 else s_bottom
         lo, hi = _bf16(p & np.uint32(0xFFFF)), _bf16(p >> np.uint32(16))
         out.append((lo * scale, hi * scale))  # exact products (bf16 mul.rn of exact values)
     return out
+
+
+def test_word_bits_partition_the_word_and_decode_every_code():
+    """Every bit of a word belongs to one code bit, and each register's decode (emulated)
+    gives back its two codes' sign and magnitude bits in bf16 places for all 256 pairs."""
+    places = [p for halves in WORD_BITS for bits in halves for p in bits]
+    assert sorted(places) == list(range(32))
+    for i, halves in enumerate(WORD_BITS):
+        for lo in range(16):
+            for hi in range(16):
+                word = 0
+                for code, bits in zip((lo, hi), halves):
+                    for bit, place in enumerate(bits):
+                        word |= ((code >> bit) & 1) << place
+                regs = _decode_word(np.uint32(word), np.float32(1), np.float32(1))
+                expect = [((c & 8) << 12) | ((c & 7) << 6) for c in (lo, hi)]
+                want = [_bf16(np.uint32(e)) for e in expect]
+                assert regs[i] == (want[0], want[1]), (i, lo, hi)
 
 
 def test_kernel_fragments_decode_to_the_reference():

@@ -12,21 +12,25 @@ Design:
     32-bit word per k-block of 16) and 512 bytes of the slab's block scales as bf16 times 2^118
     (exact for every e4m3 value, NaN included; 16 bytes per 4-thread row group: the scales of
     its rows g and g + 8 for the 4 k-blocks). The scales take twice their e4m3 bytes (11% more
-    bytes in all) so that a k-block's two scale registers are two byte permutes instead of ~10
-    conversions: the kernel is bound by its instruction stream, not by memory. A 2-D uint8
-    tensor holds the chunks as lines of 256 bytes, a slab's 20 lines per 128 values of K (two
-    chunks, one after the other) side by side along K. A k-tile of 128 values (8 k-blocks) is
-    one 20 x 256-byte TMA box per slab of that tensor; a k-tile of one chunk (4 k-blocks) reads
-    the same memory through a 5-D view (line, slab) x (byte, (chunk of the pair, pair)), so
-    both are the GEMM's own producer loads, each with its box.
+    bytes in all) so that a k-block's two scales are the multiplies' operands as they are
+    instead of ~10 conversions: the kernel is bound by its instruction stream, not by memory.
+    A 2-D uint8 tensor holds the chunks as lines of 256 bytes, a slab's 20 lines per 128
+    values of K (two chunks, one after the other) side by side along K. A k-tile of 128
+    values (8 k-blocks) is one 20 x 256-byte TMA box per slab of that tensor; a k-tile of one
+    chunk (4 k-blocks) reads the same memory through a 5-D view (line, slab) x (byte, (chunk
+    of the pair, pair)), so both are the GEMM's own producer loads, each with its box.
   - A word of a k-block holds the 8 codes of one thread's wgmma A fragment (rows g and g + 8,
-    columns 2c, 2c + 1 and 2c + 8, 2c + 9 of the k-block: lane = 4g + c), nibble i the even
-    column and nibble i + 4 the odd one of fragment register i. Decoding it is the skinny
-    kernel's (``nvfp4_skinny_sm90``): each register masked out of the word, one integer multiply
-    placing sign, exponent and mantissa (the bf16 value is the code times 2^-126), one mask,
-    then one ``mul.bf16x2`` by its row's block scale times 2^118 (its bf16 pair, twice, by one
-    byte permute): code * scale * 2^-8, exact.
-    The epilogue multiplies by 2^8 and the global scale (``alpha``).
+    columns 2c, 2c + 1 and 2c + 8, 2c + 9 of the k-block: lane = 4g + c), fragment register i
+    the pair (even column, odd column). Its 32 bits are placed (``WORD_BITS``) so that a bf16
+    pair comes out of one mask: the mask 0x81C081C0 keeps each half's sign (bit 15) and
+    magnitude (bits 8..6: the bf16 value is the code times 2^-126) of the word itself for
+    register 0, of the word rotated by 3 and by 6 bits for registers 1 and 2; register 3's
+    bits, which no rotation can place (no four rotations of the mask tile the word), go by one
+    integer multiply making three non-overlapping shifted copies: 8 integer operations per
+    word (13 for the plain nibble order, the skinny kernel's decode). Then one
+    ``mul.bf16x2`` by the row's block scale times 2^118 (one bf16 of the scale word, taken
+    twice: ptxas folds the duplication into the multiply's operand): code * scale * 2^-8,
+    exact.
   - 8 k-blocks per k-tile (64-row tiles, few tokens): the MMA warpgroups read a stage's codes
     and scales with four 16-byte shared loads per thread and decode its 8 k-blocks into
     registers of their own while the previous k-tile's wgmmas run; then they wait for those
@@ -73,7 +77,6 @@ from cutlass import Float32, Int32, const_expr
 from ..gemm.config import GemmConfig
 from ..gemm.kernel_sm90 import GemmSm90, _load_or
 from ..primitives.named_barriers import GemmBarrier
-from .nvfp4_skinny_sm90 import decode_ptx
 
 CHUNK_ROWS = 64  # weight rows per chunk: one MMA warpgroup's M
 CHUNK_K = 64  # values of K per chunk: 4 k-blocks of 16
@@ -86,6 +89,15 @@ CHUNK_BYTES = CHUNK_LINES * LINE  # 2560
 K_BLOCKS = (4, 8)  # k-blocks of 16 per k-tile: one or two chunks
 SCALE_FACTOR = 2.0 ** 118  # the prepared scales' factor (the decoded codes carry 2^-126)
 DECODE_EXPONENT = 8  # the decoded values are code * scale * 2^-8
+# Where a prepared word keeps its codes' bits: [fragment register i][even, odd column][code bit
+# 0 .. 3 (mantissa, exponent, exponent, sign)]. Registers 0 .. 2 are the word rotated right by
+# 0 / 3 / 6 bits and masked with DECODE_MASK; register 3 is (word & 0x001B001B) * 0x1084 masked:
+# shifts by 2, 7 and 12 (bit 4 -> 6, bits 0, 1 -> 7, 8, bit 3 -> 15), whose copies never overlap.
+WORD_BITS = (((6, 7, 8, 15), (22, 23, 24, 31)),
+             ((9, 10, 11, 18), (25, 26, 27, 2)),
+             ((12, 13, 14, 21), (28, 29, 30, 5)),
+             ((4, 0, 1, 3), (20, 16, 17, 19)))
+DECODE_MASK = 0x81C081C0  # a bf16 pair's signs and top three exponent / mantissa bits
 # ``split_k`` over 2 / 3 MMA warpgroups: (producer, MMA warpgroup) registers (setmaxnreg). The
 # CTA's allocation is its threads times the launch's registers (65536 / threads, in steps of 8:
 # 168 / 128), and the two together may not ask for more: 128 * 40 + 256 * 232 <= 384 * 168,
@@ -111,8 +123,13 @@ def prepare_weight(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     # Rows 16 w + 8 h + g of a slab, bytes 8 kb + 4 q + c of a chunk's 32 per row.
     v = c.view(slabs, 4, 2, 8, chunks, 4, 2, 4).permute(0, 4, 5, 1, 3, 7, 6, 2)
     v = v.reshape(slabs, chunks, 4, 4, 8, 4, 4).to(torch.int32)  # ..., kb, w, g, c, i = h + 2 q
-    shifts = torch.arange(4, device=codes.device, dtype=torch.int32) * 4
-    words = (((v & 15) << shifts) | ((v >> 4) << (shifts + 16))).sum(-1, dtype=torch.int32)
+    words = torch.zeros(v.shape[:-1], dtype=torch.int64, device=device)
+    for i, halves in enumerate(WORD_BITS):
+        for half, places in enumerate(halves):
+            code = (v[..., i] >> (4 * half)) & 15
+            for bit, place in enumerate(places):
+                words |= ((code >> bit) & 1).to(torch.int64) << place
+    words = torch.where(words >= 1 << 31, words - (1 << 32), words).to(torch.int32)
     # (slab, chunk, w, g, c, kb): thread 32 w + 4 g + c's 16 bytes.
     words = words.permute(0, 1, 3, 4, 5, 2).contiguous()
     code_bytes = words.view(torch.uint8).reshape(slabs, chunks, CODE_BYTES)
@@ -134,10 +151,13 @@ def unprepare_weight(data: torch.Tensor, n: int, k: int) -> tuple:
     lines = lines.reshape(slabs, chunks, -1)
     words = lines[..., :CODE_BYTES].contiguous().view(torch.int32).view(slabs, chunks, 4, 8, 4, 4)
     words = words.permute(0, 1, 5, 2, 3, 4)  # slab, chunk, kb, w, g, c
-    shifts = torch.arange(4, device=data.device, dtype=torch.int32) * 4
-    lo = (words.unsqueeze(-1) >> shifts) & 15
-    hi = (words.unsqueeze(-1) >> (shifts + 16)) & 15
-    v = (lo | (hi << 4)).to(torch.uint8)  # slab, chunk, kb, w, g, c, i = h + 2 q
+    words = words.to(torch.int64) & 0xFFFFFFFF
+    v = torch.zeros(words.shape + (4,), dtype=torch.int64, device=data.device)
+    for i, halves in enumerate(WORD_BITS):
+        for half, places in enumerate(halves):
+            for bit, place in enumerate(places):
+                v[..., i] |= ((words >> place) & 1) << (bit + 4 * half)
+    v = v.to(torch.uint8)  # slab, chunk, kb, w, g, c, i = h + 2 q
     v = v.view(slabs, chunks, 4, 4, 8, 4, 2, 2).permute(0, 3, 7, 4, 1, 2, 6, 5)
     codes = v.reshape(slabs * CHUNK_ROWS, chunks * CHUNK_K // 2)
     wide = lines[..., CODE_BYTES:].contiguous().view(torch.bfloat16).view(slabs, chunks, 4, 8, 4, 2)
@@ -149,22 +169,33 @@ def unprepare_weight(data: torch.Tensor, n: int, k: int) -> tuple:
 # ----------------------------------------------------------------------------- device side
 
 
-_DECODE_ROWS = decode_ptx(False, row_scales=True)
+_DECODE_ROWS = " ".join([
+    "{ .reg .b32 p;",
+    f"and.b32 p, {{$r0}}, {DECODE_MASK:#x}; mul.rn.bf16x2 {{$w0}}, p, {{$r1}};",
+    f"shf.r.wrap.b32 p, {{$r0}}, {{$r0}}, 3; and.b32 p, p, {DECODE_MASK:#x};"
+    " mul.rn.bf16x2 {$w1}, p, {$r2};",
+    f"shf.r.wrap.b32 p, {{$r0}}, {{$r0}}, 6; and.b32 p, p, {DECODE_MASK:#x};"
+    " mul.rn.bf16x2 {$w2}, p, {$r1};",
+    f"and.b32 p, {{$r0}}, 0x001B001B; mul.lo.u32 p, p, 0x1084; and.b32 p, p, {DECODE_MASK:#x};"
+    " mul.rn.bf16x2 {$w3}, p, {$r2};",
+    "}"])
 
 
 @cute.jit
 def decode_rows(word: Int32, top: Int32, bottom: Int32):
-    """The four scaled A registers of one k-block from its word and the scale pairs of rows
-    g and g + 8 (bf16 times 2^118; module docstring)."""
+    """The four scaled A registers of one k-block from its word (``WORD_BITS``) and the scale
+    pairs of rows g (registers 0, 2) and g + 8 (1, 3), bf16 times 2^118 (module docstring)."""
     return cute.arch.inline_ptx(_DECODE_ROWS, write_only_types=[Int32] * 4,
                                 read_only_args=[word, top, bottom])
 
 
 @cute.jit
 def _pair(word: Int32, upper: cutlass.Constexpr) -> Int32:
-    """(word's low bf16, twice), or its high one."""
-    selector = 0x3232 if const_expr(upper) else 0x1010
-    return cute.arch.inline_ptx(f"prmt.b32 {{$w0}}, {{$r0}}, {{$r0}}, {selector};",
+    """(word's low bf16, twice), or its high one: a duplication ptxas folds into the operand of
+    the multiply that reads it (``HMUL2 ... R.H0_H0``), no instruction of its own."""
+    half = "hi" if const_expr(upper) else "lo"
+    return cute.arch.inline_ptx(f"{{ .reg .b16 lo, hi; mov.b32 {{lo, hi}}, {{$r0}};"
+                                f" mov.b32 {{$w0}}, {{{half}, {half}}}; }}",
                                 write_only_types=[Int32], read_only_args=[word])
 
 
