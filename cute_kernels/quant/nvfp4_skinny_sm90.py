@@ -139,10 +139,9 @@ def _shift(reg: str, src: str, amount: int) -> str:
     return f"shr.u32 {reg}, {src}, {-amount};"
 
 
-def decode_ptx(half: bool, row_scales: bool = False) -> str:
+def decode_ptx(half: bool) -> str:
     """PTX: {$r0} a word of 8 codes, {$r1} the scale pair -> {$w0..$w3} the scaled pairs
-    (c_i, c_(i+4)), i = 0..3. With ``row_scales`` (bf16 only) pairs 1 and 3 take the scale pair
-    {$r2} instead (a wgmma A fragment's word: pairs 0, 2 of one row, 1, 3 of another)."""
+    (c_i, c_(i+4)), i = 0..3."""
     mul = "mul.rn.f16x2" if half else "mul.rn.bf16x2"
     if not half:
         # Pairs 0 / 1 from the word, 2 / 3 from the word shifted down a byte; each pair masked,
@@ -154,16 +153,15 @@ def decode_ptx(half: bool, row_scales: bool = False) -> str:
                                                  ("{$r0}", "0x00F000F0", "0x104"),
                                                  ("u", "0x000F000F", "0x1040"),
                                                  ("u", "0x00F000F0", "0x104"))):
-            scale = "{$r2}" if row_scales and i % 2 else "{$r1}"
             lines.append(f"and.b32 p, {src}, {mask}; mul.lo.u32 p, p, {factor};"
-                         f" and.b32 p, p, 0x81C081C0; {mul} {{$w{i}}}, p, {scale};")
+                         f" and.b32 p, p, 0x81C081C0; {mul} {{$w{i}}}, p, {{$r1}};")
         lines.append("}")
         return " ".join(lines)
     lines = ["{ .reg .b32 m, s;"]
     for i, (left, sign) in enumerate(_FP16_SHIFTS):
         lines.append(_shift("m", "{$r0}", left))
         lines.append(_shift("s", "{$r0}", sign) if sign else "mov.b32 s, {$r0};")
-        lines.append(f"and.b32 m, m, 0x0E000E00; and.b32 s, s, 0x80008000; or.b32 m, m, s;")
+        lines.append("and.b32 m, m, 0x0E000E00; and.b32 s, s, 0x80008000; or.b32 m, m, s;")
         lines.append(f"{mul} {{$w{i}}}, m, {{$r1}};")
     lines.append("}")
     return " ".join(lines)
@@ -632,7 +630,6 @@ class SkinnyGemmNvfp4Sm90:
     def issue(self, plan, step, stage, k_chunks):
         """cp.async of step ``step`` into ring stage ``stage``: this lane's codes and scale words
         of its warp's rows, and this thread's share of the step's x rows."""
-        cfg = self.config
         (w_src, w_dst, ws_src, ws_dst, _, x_src, x_dst, x_in, x_ok, x_group, xs_src, xs_dst, _,
          t, w_d, x_d) = plan
         step64 = cutlass.Int64(step)
