@@ -33,6 +33,9 @@ from harness import (  # noqa: E402
 import cute_kernels as ck  # noqa: E402
 
 TOKENS = 16384
+# Rounds per row (``bench_many``): a row's ratio to a peer moved by up to 6% between runs of
+# three rounds (benchmarks/NOTES.md), most of it the peers' own burst clocks.
+ROUNDS = 5
 
 
 def sdpa_peer(backend):
@@ -82,7 +85,7 @@ def run_case(results, peer_fns, batch, seqlen, heads, heads_kv, dim, causal, dty
         for name, fn in peer_fns.items():
             cands[name] = (lambda f: lambda q, k, v: f(q, k, v, causal))(fn)
     cands = {n: f for n, f in cands.items() if n == "ours" or usable(f, *sets[0])}
-    ms = bench_many(cands, sets)
+    ms = bench_many(cands, sets, rounds=ROUNDS)
     rates = {k: tflops(flops, v) for k, v in ms.items()}
     shape = (batch, seqlen, heads, heads_kv, dim)
     tag = "causal" if causal else "full"
@@ -113,7 +116,7 @@ def run_backward(results, peer_fns, batch, seqlen, heads, heads_kv, dim, causal,
     wrap = forward_backward if with_forward else autograd_grad
     cands = {name: wrap(fn) for name, fn in attend.items()}
     cands = {n: f for n, f in cands.items() if n == "ours" or usable(f, *sets[0])}
-    ms = bench_many(cands, sets)
+    ms = bench_many(cands, sets, rounds=ROUNDS)
     rates = {k: tflops(flops, v) for k, v in ms.items()}
     tag = "causal" if causal else "full"
     label = ("attn_fwd_bwd" if with_forward else "attn_bwd") + ("_deterministic" if deterministic else "")

@@ -90,12 +90,16 @@ def kernel_profile(fn: Callable, args: tuple, calls: int = 1, rows: int = 12) ->
 def bench_many(fns: dict, input_sets: Sequence[tuple], rounds: int = 3, reps: int = 20,
                device_only: bool = False) -> dict:
     """Median milliseconds of each candidate, measured in interleaved rounds whose order rotates
-    (a, b, c, then b, c, a, ...) so clock and thermal drift fall on all of them alike and none is
-    always the first after a cool-down; each round's median, then the median over rounds."""
+    and turns round every other round (a, b, c, d; then a, d, c, b; c, d, a, b; ...), so that
+    clock and thermal drift fall on all of them alike, none is always the first after a
+    cool-down, and none always follows the same candidate (a rotation alone keeps each one's
+    predecessor: a fast kernel timed right after a slow, cool one starts at higher clocks every
+    round); each round's median, then the median over rounds."""
     per_round = {name: [] for name in fns}
     names = list(fns)
     for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in (order if r % 2 == 0 else order[::-1]):
             per_round[name].append(bench(fns[name], input_sets, warmup=3, reps=reps,
                                          device_only=device_only))
     return {name: statistics.median(times) for name, times in per_round.items()}
