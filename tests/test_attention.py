@@ -315,6 +315,58 @@ def test_torch_compile_with_dynamic_sequence_lengths():
         assert_attention_close(fn(q, k, v), ref, lowp_ref(q, k, v, causal=True))
 
 
+# Head dims the kernels do not run as they are: zero-padded to the next kernel head dim, a value
+# head dim of its own (DeepSeek's 192 / 128 among them) too.
+PADDED_DIMS = [(8, 8), (32, 32), (80, 80), (112, 112), (160, 160), (200, 200), (192, 128),
+               (128, 64), (64, 96)]
+
+
+def qkv_dims(batch, sq, sk, hq, hkv, dim, dim_v):
+    q = torch.randn(batch, sq, hq, dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch, sk, hkv, dim, device="cuda", dtype=torch.bfloat16)
+    return q, k, torch.randn(batch, sk, hkv, dim_v, device="cuda", dtype=torch.bfloat16)
+
+
+@gpu
+@pytest.mark.parametrize("dim,dim_v", PADDED_DIMS)
+@pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (40, 8), "softcap": 5.0}])
+def test_other_head_dims_run_zero_padded(dim, dim_v, kw):
+    q, k, v = qkv_dims(2, 150, 203, 4, 2, dim, dim_v)
+    check(q, k, v, **kw)
+    out = ck.flash_attn(q, k, v, **kw)
+    assert out.shape == (2, 150, 4, dim_v) and out.is_contiguous()
+    check_backward(q, k, v, **kw)
+
+
+@gpu
+@pytest.mark.parametrize("dim,dim_v", [(80, 80), (192, 128)])
+def test_other_head_dims_varlen_packed_and_compiled(dim, dim_v):
+    lens_q, lens_k = [5, 0, 300, 77], [7, 3, 200, 77]
+    cu_q, cu_k, q, k, _ = varlen_qkv(lens_q, lens_k, 4, 2, dim)
+    v = torch.randn(k.shape[0], 2, dim_v, device="cuda", dtype=torch.bfloat16)
+    dout = torch.randn(q.shape[0], 4, dim_v, device="cuda", dtype=torch.bfloat16)
+    ours = grads(lambda *t: ck.flash_attn_varlen(*t, cu_q, cu_k, 300, 200, causal=True), q, k, v, dout)
+    ref = grads(lambda *t: attention_varlen_ref(*t, cu_q, cu_k, causal=True)[0], q.double(),
+                k.double(), v.double(), dout.double())
+    for name, a, r in zip(("dq", "dk", "dv"), ours, ref):
+        assert not a.isnan().any(), name
+        assert (a.double() - r).abs().max().item() <= 2e-2 * r.abs().max().item() + 1e-3, name
+    out = ck.flash_attn_varlen(q, k, v, cu_q, cu_k, 300, 200, causal=True)
+    assert out.shape == (q.shape[0], 4, dim_v)
+    if dim == dim_v:  # the packed forms: one head dim
+        packed = torch.randn(2, 190, 3, 4, dim, device="cuda", dtype=torch.bfloat16)
+        leaf = packed.clone().requires_grad_()
+        out = ck.flash_attn_qkvpacked(leaf, causal=True)
+        ref, _ = attention_ref(*packed.unbind(2), causal=True)
+        assert_attention_close(out, ref, lowp_ref(*packed.unbind(2), causal=True))
+        dpacked, = torch.autograd.grad(out, leaf, torch.ones_like(out))
+        assert dpacked.shape == packed.shape and not dpacked.isnan().any()
+    fn = torch.compile(lambda q, k, v: ck.flash_attn(q, k, v, causal=True), fullgraph=True)
+    q, k, v = qkv_dims(2, 130, 130, 4, 2, dim, dim_v)
+    ref, _ = attention_ref(q, k, v, causal=True)
+    assert_attention_close(fn(q, k, v), ref, lowp_ref(q, k, v, causal=True))
+
+
 def grads(fn, q, k, v, dout):
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     out = fn(*leaves)
@@ -322,7 +374,7 @@ def grads(fn, q, k, v, dout):
 
 
 def check_backward(q, k, v, **kw):
-    dout = torch.randn(q.shape, device="cuda", dtype=q.dtype)
+    dout = torch.randn(*q.shape[:-1], v.shape[-1], device="cuda", dtype=q.dtype)
     ours = grads(lambda *t: ck.flash_attn(*t, **kw), q, k, v, dout)
     ref = grads(lambda *t: attention_ref(*t, **kw)[0], q.double(), k.double(), v.double(), dout.double())
     lowp = grads(lambda *t: lowp_ref(*t, **kw), q, k, v, dout)
@@ -597,8 +649,13 @@ def test_errors_before_launch():
         ck.flash_attn(q, k[:1], v[:1])
     with pytest.raises(ck.UnsupportedError, match="multiple"):
         ck.flash_attn(q, *qkv(2, 64, 64, 3, 3, 128)[1:])
-    with pytest.raises(ck.UnsupportedError, match="head dim 80"):
-        ck.flash_attn(*qkv(1, 8, 8, 2, 2, 80))
+    for dim in (100, 264, 4):
+        with pytest.raises(ck.UnsupportedError, match=f"head dim {dim} \\(q.shape"):
+            ck.flash_attn(*qkv(1, 8, 8, 2, 2, dim))
+    with pytest.raises(ck.UnsupportedError, match=r"head dim 60 \(v.shape"):
+        ck.flash_attn(q, k, v[..., :60])
+    with pytest.raises(ck.UnsupportedError, match="same shape but for the head dim"):
+        ck.flash_attn(q, k, v[:, :32])
     with pytest.raises(ck.DTypeError):
         ck.flash_attn(q.float(), k.float(), v.float())
     with pytest.raises(ck.DTypeError):

@@ -12,6 +12,9 @@ import functools
 from dataclasses import dataclass
 
 HEAD_DIMS = (64, 96, 128, 192, 256)
+# Other head dims (multiples of HEAD_DIM_ALIGN up to 256, q / k and v each) run zero-padded to
+# the next of HEAD_DIMS (``op._padded``).
+HEAD_DIM_ALIGN = 8
 
 
 @dataclass(frozen=True)

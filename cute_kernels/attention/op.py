@@ -18,8 +18,8 @@ from ..runtime.arch import sm_count
 from ..runtime.compile import ScalarSpec, StreamSpec, Sym, TensorSpec, get_kernel
 from ..runtime.dtypes import dtype_name
 from ..runtime.errors import check_tensor, describe
-from .config import (BWD_WIDE_HEAD_DIMS, HEAD_DIMS, attention_bwd_config, attention_fwd_config,
-                     bwd_kv_splits, kv_splits_supported)
+from .config import (BWD_WIDE_HEAD_DIMS, HEAD_DIM_ALIGN, HEAD_DIMS, attention_bwd_config,
+                     attention_fwd_config, bwd_kv_splits, kv_splits_supported)
 from .dq_accum import accum_rows
 
 DTYPES = (torch.bfloat16, torch.float16)
@@ -368,18 +368,46 @@ def _check_qkv(q, k, v, rank: int, layout: str):
             raise UnsupportedError(f"{name} has stride {t.stride()}: its last dim (the head dim) "
                                    f"must be contiguous (stride 1)")
     head_dim = q.shape[-1]
-    if head_dim not in HEAD_DIMS:
-        raise UnsupportedError(f"head dim {head_dim} (q.shape[-1]) is not supported; "
-                               f"supported: {', '.join(map(str, HEAD_DIMS))}")
-    if k.shape[-1] != head_dim or v.shape[-1] != head_dim:
-        raise UnsupportedError(f"head dims differ: q {head_dim}, k {k.shape[-1]}, v {v.shape[-1]}; "
-                               f"k and v must have q's head dim")
-    if k.shape != v.shape:
-        raise UnsupportedError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape")
+    for name, dim in (("q", head_dim), ("v", v.shape[-1])):
+        if not (0 < dim <= HEAD_DIMS[-1] and dim % HEAD_DIM_ALIGN == 0):
+            raise UnsupportedError(
+                f"head dim {dim} ({name}.shape[-1]) is not supported; supported: multiples of "
+                f"{HEAD_DIM_ALIGN} up to {HEAD_DIMS[-1]} ({', '.join(map(str, HEAD_DIMS))} run as "
+                f"they are, others zero-padded to the next of those)")
+    if k.shape[-1] != head_dim:
+        raise UnsupportedError(f"head dims differ: q {head_dim}, k {k.shape[-1]}; k must have "
+                               f"q's head dim (v may have its own)")
+    if k.shape[:-1] != v.shape[:-1]:
+        raise UnsupportedError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same "
+                               f"shape but for the head dim")
     heads_q, heads_kv = q.shape[-2], k.shape[-2]
     if heads_kv == 0 or heads_q % heads_kv:
         raise UnsupportedError(f"q has {heads_q} heads and k / v {heads_kv}: the number of query "
                                f"heads must be a positive multiple of the key / value heads")
+
+
+def _kernel_head_dim(dim_qk: int, dim_v: int) -> int:
+    """The head dim the kernels run for these head dims of q / k and of v: the smallest of
+    ``HEAD_DIMS`` that holds both."""
+    return next(d for d in HEAD_DIMS if d >= max(dim_qk, dim_v))
+
+
+def _padded(q, k, v):
+    """q, k and v zero-padded along the head dim to ``_kernel_head_dim`` (padding adds nothing
+    to q . k, and V's zero columns give zero output columns), or None where they run as they
+    are."""
+    dim = _kernel_head_dim(q.shape[-1], v.shape[-1])
+    if q.shape[-1] == dim and v.shape[-1] == dim:
+        return None
+    return tuple(torch.nn.functional.pad(t, (0, dim - t.shape[-1])) for t in (q, k, v))
+
+
+def _unpadded(result, dim_v: int, returns: str):
+    """A padded call's result with out cut back to v's head dim (contiguous, as an unpadded
+    call's)."""
+    if returns == "out":
+        return result[..., :dim_v].contiguous()
+    return (result[0][..., :dim_v].contiguous(), *result[1:])
 
 
 def _check_options(softmax_scale, window_size, softcap, dropout_p, alibi_slopes, head_dim):
@@ -542,8 +570,9 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: flo
     arguments in the same order (positional or by name).
 
     Args:
-        q: (B, Sq, Hq, D), bf16 or fp16. k, v: (B, Sk, Hkv, D), q's dtype; Hq a multiple of
-            Hkv (MHA, GQA, MQA: query head h reads key / value head h // (Hq / Hkv)).
+        q: (B, Sq, Hq, D), bf16 or fp16. k: (B, Sk, Hkv, D), v: (B, Sk, Hkv, Dv), q's dtype;
+            Hq a multiple of Hkv (MHA, GQA, MQA: query head h reads key / value head
+            h // (Hq / Hkv)).
         softmax_scale: multiplies q . k (default 1 / sqrt(D)).
         causal: query row i sees keys j <= i + Sk - Sq (aligned bottom-right, as FlashAttention).
         window_size: (left, right) sliding window: keys i + Sk - Sq - left .. i + Sk - Sq + right;
@@ -559,14 +588,16 @@ def flash_attn(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: flo
             row's scores, fp32 (B, Hq, Sq), as the second.
         return_lse (keyword only): return ``(out, lse)``.
 
-    Returns ``out`` (B, Sq, Hq, D) in q's dtype, or ``(out, lse)``, or ``(out, lse, None)``.
+    Returns ``out`` (B, Sq, Hq, Dv) in q's dtype, or ``(out, lse)``, or ``(out, lse, None)``.
     The LSE is not differentiable (its gradient is taken as 0). A row that sees no key
     (an empty window, Sk = 0) gets out 0 and LSE -inf. Repeated eager calls without gradients
     with the same shapes, strides and options take a launch plan made on the first one (no
     checks or custom-op dispatch: an allocation of the outputs and one launch).
 
     Constraints:
-      - head dim 64, 96, 128, 192 or 256, the same for q, k and v; fp32 accumulation
+      - head dims D (q, k) and Dv (v): multiples of 8 up to 256. The kernels run 64, 96,
+        128, 192 and 256; other head dims (and Dv != D) run zero-padded to the next of those
+        that holds both (a copy of q, k and v, and the padded columns' work); fp32 accumulation
       - the head dim contiguous; other strides that are not multiples of 8 elements (or a data
         pointer not on 16 bytes) cost a copy of that tensor
       - differentiable at every head dim (with or without softcap). dQ is summed with atomic
@@ -593,6 +624,11 @@ def _flash_attn(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
     if k.shape[0] != q.shape[0]:
         raise UnsupportedError(f"q has batch {q.shape[0]} and k / v {k.shape[0]}: they must match")
     scale = _check_options(softmax_scale, window_size, softcap, dropout_p, alibi_slopes, q.shape[-1])
+    padded = _padded(q, k, v)
+    if padded is not None:
+        return _unpadded(_flash_attn(*padded, dropout_p, scale, causal, window_size, softcap,
+                                     alibi_slopes, deterministic, returns, _attend),
+                         v.shape[-1], returns)
     if key is not None and key not in _plans and not _needs_grad(q, k, v):
         if len(_plans) >= PLAN_LIMIT:  # many shapes (growing sequences): start over
             _plans.clear()
@@ -632,14 +668,14 @@ def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     the same order; ``block_table``, a paged KV cache, only None).
 
     Args:
-        q: (total_q, Hq, D); k, v: (total_k, Hkv, D): sequence b is rows
+        q: (total_q, Hq, D); k: (total_k, Hkv, D), v: (total_k, Hkv, Dv): sequence b is rows
             ``cu_seqlens[b]:cu_seqlens[b + 1]`` (int32, B + 1 non-decreasing offsets from 0).
         max_seqlen_q, max_seqlen_k: the longest sequence lengths (they size the grid; a smaller
             value than a real length leaves that sequence's tail rows unwritten).
         The options are :func:`flash_attn`'s, applied to each sequence on its own (masks
         aligned bottom-right per sequence).
 
-    Returns ``out`` (total_q, Hq, D), or with ``return_lse`` ``(out, lse)``, lse fp32 (Hq,
+    Returns ``out`` (total_q, Hq, Dv), or with ``return_lse`` ``(out, lse)``, lse fp32 (Hq,
     total_q), or with ``return_attn_probs`` ``(out, lse, None)``. Rows of a zero-length key
     sequence get out 0 and LSE -inf.
 
@@ -666,6 +702,12 @@ def _flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_se
         if not isinstance(value, int) or value < 0:
             raise UnsupportedError(f"{name}={value!r}: expected an int >= 0")
     scale = _check_options(softmax_scale, window_size, softcap, dropout_p, alibi_slopes, q.shape[-1])
+    padded = _padded(q, k, v)
+    if padded is not None:
+        return _unpadded(_flash_attn_varlen(*padded, cu_q, cu_k, max_seqlen_q, max_seqlen_k,
+                                            dropout_p, scale, causal, window_size, softcap,
+                                            alibi_slopes, deterministic, returns, _attend),
+                         v.shape[-1], returns)
 
     def fwd(q, k, v):
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)

@@ -36,7 +36,8 @@ def attention_mask(seqlen_q: int, seqlen_k: int, causal: bool = False,
 
 def attention_ref(q, k, v, causal: bool = False, softmax_scale: float | None = None,
                   window_size: tuple = (-1, -1), softcap: float = 0.0):
-    """(out in float64 (B, Sq, Hq, D), lse float64 (B, Hq, Sq)) for one padded batch."""
+    """(out in float64 (B, Sq, Hq, Dv), lse float64 (B, Hq, Sq)) for one padded batch (q and k
+    of head dim D, v of Dv)."""
     batch, seqlen_q, heads_q, dim = q.shape
     seqlen_k, heads_kv = k.shape[1], k.shape[2]
     if heads_q % heads_kv:
@@ -61,9 +62,9 @@ def attention_ref(q, k, v, causal: bool = False, softmax_scale: float | None = N
 def attention_varlen_ref(q, k, v, cu_seqlens_q, cu_seqlens_k, causal: bool = False,
                          softmax_scale: float | None = None, window_size: tuple = (-1, -1),
                          softcap: float = 0.0):
-    """(out float64 (total_q, Hq, D), lse float64 (Hq, total_q)) for packed sequences: each
+    """(out float64 (total_q, Hq, Dv), lse float64 (Hq, total_q)) for packed sequences: each
     sequence b is rows cu_seqlens[b]:cu_seqlens[b + 1], attended on its own."""
-    out = torch.zeros(q.shape, dtype=torch.float64, device=q.device)
+    out = torch.zeros(*q.shape[:-1], v.shape[-1], dtype=torch.float64, device=q.device)
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float64, device=q.device)
     bounds_q, bounds_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     for b in range(len(bounds_q) - 1):
