@@ -100,6 +100,10 @@ CASES = {
     "flash_attn": (lambda q, k, v: ck.flash_attn(q, k, v, causal=True).float().sum(),
                    [lambda: (meta(2, 128, 4, 64), meta(2, 128, 2, 64), meta(2, 128, 2, 64)),
                     lambda: (meta(1, 200, 4, 64), meta(1, 200, 2, 64), meta(1, 200, 2, 64))]),
+    "flash_attn_padded_head_dims": (
+        lambda q, k, v: ck.flash_attn(q, k, v, causal=True).float().sum(),
+        [lambda: (meta(2, 128, 4, 80), meta(2, 128, 2, 80), meta(2, 128, 2, 80)),
+         lambda: (meta(1, 200, 4, 192), meta(1, 200, 2, 192), meta(1, 200, 2, 128))]),
     "int8": (_int8, [lambda: (meta(128, 64, grad=False), meta(256, 64, grad=False)),
                      lambda: (meta(200, 128, grad=False), meta(512, 128, grad=False))]),
     "nvfp4": (lambda a, b: (_w4a16(a, b), _w4a4(a, b)),
