@@ -14,8 +14,8 @@ loops over both) runs ours, zero-padded (``ck.flash_attn``'s head dims).
 The parameter grid is the upstream one thinned to what the shim can express: every sequence
 pair of the upstream lists, head dims 64 / 96 / 128 / 256 and 192 with a value head dim of 128,
 causal / local / neither, MHA / GQA / MQA, softcap and deterministic at 128; varlen with empty
-sequences. The largest varlen cases hold ~20 GB of torch reference
-tensors each: run with ``-n 2`` at most on an 80 GB card.
+sequences. The largest varlen cases hold ~20 GB of torch reference tensors each: run with
+``-n 2`` at most on an 80 GB card.
 
     CK_FA_TEST_FILE=../flash-attention/tests/cute/test_flash_attn.py \\
         python -m pytest -q -n 2 tests/test_flash_attn_peer_suite.py
