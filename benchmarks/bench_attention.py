@@ -1,5 +1,5 @@
-"""Attention forward: TFLOP/s (4 * B * Hq * Sq * Sk * D, halved for causal) for ours and the
-peers in the same run: cuDNN (SDPA's cuDNN backend), FlashAttention's CuTe kernel
+"""Attention forward: TFLOP/s (4 * B * Hq * Sq * Sk * D, halved for causal; 2 * ... * (D + Dv)
+with a value head dim of its own) for ours and the peers in the same run: cuDNN (SDPA's cuDNN backend), FlashAttention's CuTe kernel
 (``flash_attn.cute``), SDPA's flash backend (FlashAttention-2).
 
     python benchmarks/bench_attention.py            # acceptance shapes + the sweep for the plot
@@ -7,7 +7,8 @@ peers in the same run: cuDNN (SDPA's cuDNN backend), FlashAttention's CuTe kerne
     python benchmarks/bench_attention.py --backward # backward and forward + backward rows
 
 Backward rows (``attn_bwd``) time dQ, dK, dV through autograd and count 2.5x the forward's
-FLOPs; forward + backward rows (``attn_fwd_bwd``) time both, counted as 3.5x.
+FLOPs (2 * B * Hq * Sq * Sk * (3 D + 2 Dv): the five GEMMs); forward + backward rows
+(``attn_fwd_bwd``) time both, counted as 3.5x. Shapes (B, S, Hq, Hkv, D[, Dv]).
 """
 
 from __future__ import annotations
@@ -65,16 +66,22 @@ def peers():
     return found
 
 
+def _shape(batch, seqlen, heads, heads_kv, dim, dim_v):
+    return (batch, seqlen, heads, heads_kv, dim) + ((dim_v,) if dim_v != dim else ())
+
+
 def run_case(results, peer_fns, batch, seqlen, heads, heads_kv, dim, causal, dtype=torch.bfloat16,
-             window=None, label="attn_fwd"):
+             window=None, label="attn_fwd", dim_v=None):
+    dim_v = dim_v or dim
+
     def make():
         q = torch.randn(batch, seqlen, heads, dim, device="cuda", dtype=dtype)
         k = torch.randn(batch, seqlen, heads_kv, dim, device="cuda", dtype=dtype)
-        return q, k, torch.randn_like(k)
+        return q, k, torch.randn(batch, seqlen, heads_kv, dim_v, device="cuda", dtype=dtype)
 
     size = torch.tensor([], dtype=dtype).element_size()
-    sets = make_input_sets(make, batch * seqlen * (heads + 2 * heads_kv) * dim * size)
-    flops = 4 * batch * heads * seqlen * seqlen * dim / (2 if causal else 1)
+    sets = make_input_sets(make, batch * seqlen * ((heads + heads_kv) * dim + heads_kv * dim_v) * size)
+    flops = 2 * batch * heads * seqlen * seqlen * (dim + dim_v) / (2 if causal else 1)
     if window is not None:
         ours = lambda q, k, v: ck.flash_attn(q, k, v, causal=causal, window_size=window)
         cands = {"ours": ours}
@@ -87,7 +94,7 @@ def run_case(results, peer_fns, batch, seqlen, heads, heads_kv, dim, causal, dty
     cands = {n: f for n, f in cands.items() if n == "ours" or usable(f, *sets[0])}
     ms = bench_many(cands, sets, rounds=ROUNDS)
     rates = {k: tflops(flops, v) for k, v in ms.items()}
-    shape = (batch, seqlen, heads, heads_kv, dim)
+    shape = _shape(batch, seqlen, heads, heads_kv, dim, dim_v)
     tag = "causal" if causal else "full"
     if window is not None:
         tag = f"window{window[0]}"
@@ -98,18 +105,22 @@ def run_case(results, peer_fns, batch, seqlen, heads, heads_kv, dim, causal, dty
 
 
 def run_backward(results, peer_fns, batch, seqlen, heads, heads_kv, dim, causal,
-                 dtype=torch.bfloat16, with_forward=False, deterministic=False):
+                 dtype=torch.bfloat16, with_forward=False, deterministic=False, dim_v=None):
     """Backward through autograd (dQ, dK, dV), TFLOP/s counted as 2.5x the forward's; with
     ``with_forward``, forward and backward together (3.5x). ``deterministic``: ours with
     ``deterministic=True`` (the peers as they are; compare with the row without it)."""
+    dim_v = dim_v or dim
+
     def make():
         q = torch.randn(batch, seqlen, heads, dim, device="cuda", dtype=dtype)
         k = torch.randn(batch, seqlen, heads_kv, dim, device="cuda", dtype=dtype)
-        return q, k, torch.randn_like(k), torch.randn_like(q)
+        v = torch.randn(batch, seqlen, heads_kv, dim_v, device="cuda", dtype=dtype)
+        return q, k, v, torch.randn(batch, seqlen, heads, dim_v, device="cuda", dtype=dtype)
 
     size = torch.tensor([], dtype=dtype).element_size()
-    sets = make_input_sets(make, batch * seqlen * (2 * heads + 2 * heads_kv) * dim * size)
-    flops = (3.5 if with_forward else 2.5) * 4 * batch * heads * seqlen * seqlen * dim / (2 if causal else 1)
+    sets = make_input_sets(make, batch * seqlen * (heads + heads_kv) * (dim + dim_v) * size)
+    per_score = (3 * dim + 2 * dim_v) + ((dim + dim_v) if with_forward else 0)
+    flops = 2 * batch * heads * seqlen * seqlen * per_score / (2 if causal else 1)
     attend = {"ours": lambda q, k, v: ck.flash_attn(q, k, v, causal=causal, deterministic=deterministic)}
     for name, fn in peer_fns.items():
         attend[name] = (lambda f: lambda q, k, v: f(q, k, v, causal))(fn)
@@ -120,8 +131,8 @@ def run_backward(results, peer_fns, batch, seqlen, heads, heads_kv, dim, causal,
     rates = {k: tflops(flops, v) for k, v in ms.items()}
     tag = "causal" if causal else "full"
     label = ("attn_fwd_bwd" if with_forward else "attn_bwd") + ("_deterministic" if deterministic else "")
-    results.add("attention", f"{label}_{tag}", (batch, seqlen, heads, heads_kv, dim), dtype,
-                "TFLOPs", rates.pop("ours"), rates, ms=round(ms["ours"], 4))
+    results.add("attention", f"{label}_{tag}", _shape(batch, seqlen, heads, heads_kv, dim, dim_v),
+                dtype, "TFLOPs", rates.pop("ours"), rates, ms=round(ms["ours"], 4))
 
 
 def forward_backward(forward):
@@ -151,6 +162,10 @@ def backward_rows(results, peer_fns, quick):
     if not quick:
         run_backward(results, peer_fns, 4, 4096, 16, 16, 128, False, with_forward=True)
         run_backward(results, peer_fns, 4, 4096, 16, 16, 96, True)
+        # DeepSeek's MLA prefill: q / k head dim 192, v 128
+        for causal in (False, True):
+            run_backward(results, peer_fns, 4, 4096, 16, 16, 192, causal, dim_v=128)
+        run_backward(results, peer_fns, 4, 4096, 16, 16, 192, True, with_forward=True, dim_v=128)
 
 
 def main():
@@ -180,6 +195,9 @@ def main():
                 run_case(results, peer_fns, TOKENS // seqlen, seqlen, 16, 16, dim, True)
         for seqlen in (512, 32768):
             run_case(results, peer_fns, max(1, TOKENS // seqlen), seqlen, 16, 16, 128, True)
+        # DeepSeek's MLA prefill: q / k head dim 192, v 128
+        for causal in (False, True):
+            run_case(results, peer_fns, 4, 4096, 16, 16, 192, causal, dim_v=128)
     results.save()
 
 

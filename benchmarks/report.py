@@ -184,8 +184,8 @@ def plot_attention(results: dict) -> None:
 
 
 def _attention_sweep(shape: str) -> bool:
-    batch, seqlen, heads, heads_kv, dim = (int(x) for x in shape.split("x"))
-    return dim == 128 and heads == heads_kv == 16 and batch * seqlen == 16384
+    batch, seqlen, heads, heads_kv, *dims = (int(x) for x in shape.split("x"))
+    return dims == [128] and heads == heads_kv == 16 and batch * seqlen == 16384
 
 
 def plot_families(results: dict) -> None:
