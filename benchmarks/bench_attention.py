@@ -1,6 +1,7 @@
 """Attention forward: TFLOP/s (4 * B * Hq * Sq * Sk * D, halved for causal; 2 * ... * (D + Dv)
-with a value head dim of its own) for ours and the peers in the same run: cuDNN (SDPA's cuDNN backend), FlashAttention's CuTe kernel
-(``flash_attn.cute``), SDPA's flash backend (FlashAttention-2).
+with a value head dim of its own) for ours and the peers in the same run: cuDNN (SDPA's cuDNN
+backend), FlashAttention's CuTe kernel (``flash_attn.cute``), SDPA's flash backend
+(FlashAttention-2).
 
     python benchmarks/bench_attention.py            # acceptance shapes + the sweep for the plot
     python benchmarks/bench_attention.py --quick    # acceptance shapes only
